@@ -1,0 +1,23 @@
+# `make test` sets everything up from nothing (a .venv with the package and its test
+# dependencies) and runs the tests; `make figures` does the same set-up, then the workflow.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The install is redone only when a file it depends on changes.
+DEPS_HASH := $(shell cat pyproject.toml scripts/bootstrap.py 2>/dev/null | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(DEPS_HASH)
+
+.PHONY: test setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/bootstrap.py
+	$(PYTHON) scripts/bootstrap.py --venv $(VENV)
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,33 @@
+"""fp4quant: FP4 communication compression for tensor-parallel LLM training."""
+
+from __future__ import annotations
+
+import torch
+
+from .format import PRESETS, Packed, QuantConfig
+from .reference import fwht, ifwht
+from .reference import dequantize as _reference_dequantize
+from .reference import quantize as _reference_quantize
+
+__version__ = "0.1.0"
+
+
+def quantize(x: torch.Tensor, config: QuantConfig | None = None, *, generator: torch.Generator | None = None) -> Packed:
+    """Compress ``x`` under ``config`` (default: the fp4quant preset).
+
+    With stochastic rounding the random stream is seeded from ``generator`` (or
+    torch's default generator), so the same generator state gives the same bits.
+    """
+    config = QuantConfig() if config is None else config
+    seed = 0
+    if config.rounding == "stochastic":
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
+    return _reference_quantize(x, config, seed=seed)
+
+
+def dequantize(packed: Packed) -> torch.Tensor:
+    """The tensor a Packed stands for, in its original shape and dtype."""
+    return _reference_dequantize(packed)
+
+
+__all__ = ["PRESETS", "Packed", "QuantConfig", "__version__", "dequantize", "fwht", "ifwht", "quantize"]

@@ -1,0 +1,1 @@
+"""Benchmarks: each writes its measurements, with provenance, to a CSV under data/."""
