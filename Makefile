@@ -3,15 +3,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The install is redone only when a file it depends on changes.
-DEPS_HASH := $(shell cat pyproject.toml scripts/bootstrap.py 2>/dev/null | sha1sum | cut -c1-12)
+# The install (which builds the native extension) is redone only when a file it depends
+# on changes: the dependency list, the bootstrap, the build script or the C++/CUDA sources.
+DEPS_FILES := pyproject.toml scripts/bootstrap.py setup.py $(sort $(shell find csrc -type f 2>/dev/null))
+DEPS_HASH := $(shell cat $(DEPS_FILES) 2>/dev/null | sha1sum | cut -c1-12)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
 
 .PHONY: test setup clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/bootstrap.py
+$(STAMP): $(DEPS_FILES)
 	$(PYTHON) scripts/bootstrap.py --venv $(VENV)
 	rm -f $(VENV)/.installed-*
 	touch $@

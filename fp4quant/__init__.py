@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from . import ops
 from .format import PRESETS, Packed, QuantConfig
 from .reference import fwht, ifwht
-from .reference import dequantize as _reference_dequantize
-from .reference import quantize as _reference_quantize
 
 __version__ = "0.1.0"
 
@@ -22,12 +21,12 @@ def quantize(x: torch.Tensor, config: QuantConfig | None = None, *, generator: t
     seed = 0
     if config.rounding == "stochastic":
         seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
-    return _reference_quantize(x, config, seed=seed)
+    return ops.quantize(x, config, seed=seed)
 
 
 def dequantize(packed: Packed) -> torch.Tensor:
     """The tensor a Packed stands for, in its original shape and dtype."""
-    return _reference_dequantize(packed)
+    return ops.dequantize(packed)
 
 
 __all__ = ["PRESETS", "Packed", "QuantConfig", "__version__", "dequantize", "fwht", "ifwht", "quantize"]

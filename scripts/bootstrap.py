@@ -50,7 +50,7 @@ def main() -> int:
     if not py.exists():
         run(sys.executable, "-m", "venv", str(venv))
     pip = [str(py), "-m", "pip", "--disable-pip-version-check"]
-    run(*pip, "install", "--quiet", "setuptools>=64", "wheel")
+    run(*pip, "install", "--quiet", "setuptools>=64", "wheel", "ninja")
     if os.environ.get("FP4QUANT_TORCH"):
         torch_spec = os.environ["FP4QUANT_TORCH"]
     elif not has_nvidia_gpu() and cpu_wheel_on_disk(pip):

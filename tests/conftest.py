@@ -1,17 +1,9 @@
-"""Shared fixtures and helpers for the test suite."""
+"""Shared fixtures of the test suite (plain helpers live in helpers.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def nmse(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    """Normalized mean squared error, in float64."""
-    a, e = approx.double(), exact.double()
-    return float(((a - e) ** 2).sum() / (e**2).sum().clamp_min(1e-300))
 
 
 @pytest.fixture

@@ -77,17 +77,24 @@ def quantize(x: torch.Tensor, config: QuantConfig, seed: int = 0, offset: int = 
     check_seed(seed)
     check_seed(offset, "offset")
     x = x.detach()
-    shape, dtype, device = x.shape, x.dtype, x.device
-    empty_u8, empty_f32 = _EMPTY_U8.to(device), _EMPTY_F32.to(device)
     if not config.compressed:
         codes = x.reshape(-1).to(torch.bfloat16).contiguous().view(torch.uint8)
-        return Packed(codes, empty_u8, empty_f32, shape, dtype, config)
+        return Packed(codes, _EMPTY_U8.to(x.device), _EMPTY_F32.to(x.device), x.shape, x.dtype, config)
+    return encode(x.reshape(-1).to(torch.float32), x.shape, x.dtype, config, seed, offset, transform=True)
 
-    lay = layout(x.numel(), config)
+
+def encode(
+    flat: torch.Tensor, shape, dtype: torch.dtype, config: QuantConfig, seed: int, offset: int, transform: bool
+) -> Packed:
+    """Steps 1-8 of the module doc on one float32 message; ``transform=False`` skips the
+    FWHT (the values are already in the transformed domain, as in a reduced all-reduce shard)."""
+    device = flat.device
+    empty_u8, empty_f32 = _EMPTY_U8.to(device), _EMPTY_F32.to(device)
+    lay = layout(flat.numel(), config)
     if lay.padded == 0:
         micro_dtype = torch.float16 if config.micro_scale == "fp16" else torch.uint8
         return Packed(empty_u8, torch.empty(0, dtype=micro_dtype, device=device), empty_f32, shape, dtype, config)
-    flat = F.pad(x.reshape(-1).to(torch.float32), (0, lay.padded - lay.numel))
+    flat = F.pad(flat, (0, lay.padded - lay.numel))
     M = config.micro_group
 
     # 2. power-of-two normalization of each coarse block
@@ -99,7 +106,7 @@ def quantize(x: torch.Tensor, config: QuantConfig, seed: int = 0, offset: int = 
 
     # 3. FWHT
     y = flat
-    if config.fwht == "two_level":
+    if config.fwht == "two_level" and transform:
         G = config.group
         blocks = flat.view(-1, G)
         if config.fwht_seed is not None:
@@ -165,9 +172,26 @@ def dequantize(packed: Packed) -> torch.Tensor:
     config, shape, dtype = packed.config, packed.shape, packed.dtype
     if not config.compressed:
         return packed.codes.view(torch.bfloat16).to(dtype).reshape(shape)
-    lay = packed.layout
-    if lay.padded == 0:
+    if packed.layout.padded == 0:
         return torch.empty(shape, dtype=dtype, device=packed.device)
+    return _saturating_cast(decode(packed, transform=True), dtype).reshape(shape)
+
+
+def _saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # Decoding arithmetic may round just past the output's finite range; saturate
+    # (NaN stays NaN: non-finite inputs are carried by NaN scales, never by infinities).
+    finfo = torch.finfo(dtype)
+    return torch.clamp(x, -finfo.max, finfo.max).to(dtype)
+
+
+def decode(packed: Packed, transform: bool) -> torch.Tensor:
+    """The float32 values of a compressed message: ``numel`` of them, padding dropped.
+
+    ``transform=False`` leaves FWHT configs in the transformed domain, ``code * m * c``,
+    and returns all ``padded`` values (padding is not zero there).
+    """
+    config = packed.config
+    lay = packed.layout
     M = config.micro_group
     codes = packed.codes
     if config.element in ("e2m1", "int4"):
@@ -177,8 +201,9 @@ def dequantize(packed: Packed) -> torch.Tensor:
 
     n_rows = packed.coarse_scales.numel()
     c = packed.coarse_scales.to(torch.float32)
+    inverse = config.fwht == "two_level" and transform
     # Keep the transformed domain in range: decode against c * 2**-E, multiply by 2**E last.
-    normalize = n_rows and config.fwht != "none"
+    normalize = n_rows and inverse
     if normalize:
         E = _normalizing_exponent(c)
         c = c * pow2(-E)
@@ -192,7 +217,7 @@ def dequantize(packed: Packed) -> torch.Tensor:
         s = c_micro
     z = (q * s[:, None]).view(-1)
 
-    if config.fwht == "two_level":
+    if inverse:
         G = config.group
         z = two_level_transform(z.view(-1, G), G, M) * inv_sqrt(G)
         if config.fwht_seed is not None:
@@ -200,10 +225,98 @@ def dequantize(packed: Packed) -> torch.Tensor:
         z = z.view(-1)
     if normalize:
         z = (z.view(n_rows, -1) * pow2(E)[:, None]).view(-1)
+    return z[: lay.numel] if transform else z
 
-    out = z[: lay.numel]
-    finfo = torch.finfo(dtype)
-    # Decoding arithmetic may round just past the output's finite range; saturate
-    # (NaN stays NaN: non-finite inputs are carried by NaN scales, never by infinities).
-    out = torch.clamp(out, -finfo.max, finfo.max)
-    return out.to(dtype).reshape(shape)
+
+# --- batched messages: the entry points the kernels and the collectives share -----------
+
+
+def _check_config(config: QuantConfig) -> None:
+    if not config.compressed:
+        raise ValueError("the bf16 preset is no compression: send the tensor itself")
+
+
+def row_offset(config: QuantConfig, n: int, offset: int, row: int) -> int:
+    """Stochastic-rounding counter of row ``row``: the rows' padded values follow each other."""
+    return offset + row * layout(n, config).padded
+
+
+def quantize_rows(x: torch.Tensor, config: QuantConfig, seed: int = 0, offset: int = 0) -> torch.Tensor:
+    """Each row of the (rows, n) tensor ``x`` as one message: uint8 (rows, nbytes(n))."""
+    _check_config(config)
+    check_float_dtype(x.dtype)
+    rows, n = x.shape
+    out = torch.empty(rows, layout(n, config).nbytes, dtype=torch.uint8, device=x.device)
+    for r in range(rows):  # rows are ranks: a handful
+        packed = encode(x[r].to(torch.float32), (n,), x.dtype, config, seed, row_offset(config, n, offset, r), True)
+        out[r] = packed.to_bytes()
+    return out
+
+
+def check_messages(msgs: torch.Tensor, n: int, config: QuantConfig) -> None:
+    """ValueError unless msgs is uint8 (rows, nbytes(n)): rows messages of n values each."""
+    nbytes = layout(n, config).nbytes
+    if msgs.dtype != torch.uint8 or msgs.dim() != 2 or msgs.shape[1] != nbytes:
+        raise ValueError(
+            f"messages must be uint8 of shape (rows, {nbytes}) for n={n} under {config}, "
+            f"got {msgs.dtype} {tuple(msgs.shape)}"
+        )
+
+
+def _messages(msgs: torch.Tensor, n: int, config: QuantConfig, dtype: torch.dtype) -> list[Packed]:
+    check_messages(msgs, n, config)
+    return [Packed.from_bytes(msgs[r], (n,), dtype, config) for r in range(msgs.shape[0])]
+
+
+def dequantize_rows(msgs: torch.Tensor, n: int, config: QuantConfig, dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of quantize_rows: (rows, n) of ``dtype``."""
+    _check_config(config)
+    check_float_dtype(dtype)
+    packs = _messages(msgs, n, config, dtype)
+    out = torch.empty(len(packs), n, dtype=dtype, device=msgs.device)
+    for r, p in enumerate(packs):
+        out[r] = _saturating_cast(decode(p, transform=True), dtype) if n else out[r]
+    return out
+
+
+def dequantize_reduce(
+    msgs: torch.Tensor,
+    n: int,
+    config: QuantConfig,
+    dtype: torch.dtype,
+    requantize: bool,
+    seed: int = 0,
+    offset: int = 0,
+) -> torch.Tensor:
+    """Sum W messages of the same layout, the core of a compressed all-reduce.
+
+    The messages are decoded in the transformed domain (``code * m * c``) and summed
+    in float32 in row order (``((m0 + m1) + m2) + ...``).  With ``requantize`` the sum is
+    compressed again without a second FWHT (it is already transformed) and returned
+    as one message, uint8 (nbytes(n),); otherwise it is inverse-transformed and
+    returned as (n,) ``dtype``.
+    """
+    _check_config(config)
+    check_float_dtype(dtype)
+    packs = _messages(msgs, n, config, dtype)
+    if not packs:
+        raise ValueError("dequantize_reduce needs at least one message")
+    if not n:
+        return msgs.new_empty(0) if requantize else torch.empty(0, dtype=dtype, device=msgs.device)
+    total = decode(packs[0], transform=False)
+    for p in packs[1:]:
+        total = total + decode(p, transform=False)
+    if requantize:
+        return encode(total, (n,), dtype, config, seed, offset, transform=False).to_bytes()
+    if config.fwht == "two_level":
+        total = inverse_transform(total, config)
+    return _saturating_cast(total[:n], dtype)
+
+
+def inverse_transform(z: torch.Tensor, config: QuantConfig) -> torch.Tensor:
+    """Inverse FWHT (then the signs) of a padded transformed-domain float32 message."""
+    G = config.group
+    z = two_level_transform(z.view(-1, G), G, config.micro_group) * inv_sqrt(G)
+    if config.fwht_seed is not None:
+        z = z * fwht_signs(G, config.fwht_seed, z.device)
+    return z.reshape(-1)

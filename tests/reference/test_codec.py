@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DTYPES, nmse
+from helpers import DTYPES, nmse
 from fp4quant import QuantConfig, dequantize, quantize
 from fp4quant.format.config import PRESETS
 from fp4quant.reference import quantize as reference_quantize

@@ -1,0 +1,263 @@
+// The thin torch binding of fp4quant's kernels: the op schemas (namespace fp4quant),
+// input checks, shapes and dispatch.  Kernels never see a tensor: they get the plain
+// argument structs of kernels.h.  The fake (meta) kernels live in fp4quant/ops/_native.py.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "cpu/codec_cpu.h"
+#include "kernels.h"
+
+#ifdef FP4QUANT_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "cuda/launch.h"
+#endif
+
+namespace fp4q {
+namespace {
+
+Config parse_config(at::IntArrayRef v) {
+  TORCH_CHECK(v.size() == kConfigFields, "fp4quant: config must have ", kConfigFields, " integers, got ", v.size());
+  Config c{int32_t(v[0]), int32_t(v[1]), int32_t(v[2]), int32_t(v[3]), int32_t(v[4]),
+           int32_t(v[5]), int32_t(v[6]), int32_t(v[7]), int32_t(v[8])};
+  auto pow2 = [](int64_t n) { return n > 0 && (n & (n - 1)) == 0; };
+  TORCH_CHECK(c.element >= kE2M1 && c.element <= kE4M3, "fp4quant: bad element code ", c.element);
+  TORCH_CHECK(c.micro_scale >= kScaleE4M3 && c.micro_scale <= kScaleNone, "fp4quant: bad micro_scale code ", c.micro_scale);
+  TORCH_CHECK(c.coarse >= kCoarseGroup && c.coarse <= kCoarseNone, "fp4quant: bad coarse_scale code ", c.coarse);
+  TORCH_CHECK(c.micro_scale != kScaleNone || c.coarse != kCoarseNone, "fp4quant: a config needs a scale");
+  TORCH_CHECK(pow2(c.micro_group) && c.micro_group >= 2, "fp4quant: micro_group must be a power of two >= 2, got ", c.micro_group);
+  TORCH_CHECK(pow2(c.group) && c.group >= c.micro_group && c.group <= (1 << 16),
+              "fp4quant: group must be a power of two, >= micro_group and <= 65536, got ", c.group);
+  TORCH_CHECK(c.scale_round >= kScaleNearest && c.scale_round <= kScaleFloor, "fp4quant: bad scale_round code ", c.scale_round);
+  TORCH_CHECK(c.rounding == kRoundNearest || c.rounding == kRoundStochastic, "fp4quant: bad rounding code ", c.rounding);
+  TORCH_CHECK(c.fwht == 0 || c.fwht == 1, "fp4quant: bad fwht code ", c.fwht);
+  return c;
+}
+
+int32_t dtype_code(at::ScalarType t, const char* what) {
+  if (t == at::kFloat) return kF32;
+  if (t == at::kBFloat16) return kBF16;
+  if (t == at::kHalf) return kF16;
+  TORCH_CHECK(false, "fp4quant: ", what, " must be float32, bfloat16 or float16, got ", t);
+}
+
+const float* signs_ptr(const c10::optional<at::Tensor>& signs, const Config& c, const at::Device& device) {
+  if (!signs.has_value() || !c.fwht) return nullptr;
+  const at::Tensor& s = *signs;
+  TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == c.group && s.is_contiguous(),
+              "fp4quant: signs must be a contiguous float32 tensor of shape (", c.group, "), got ", s.sizes());
+  TORCH_CHECK(s.device() == device, "fp4quant: signs are on ", s.device(), " but the data is on ", device);
+  return s.data_ptr<float>();
+}
+
+void check_messages(const at::Tensor& msgs, const Layout& lay, const char* what) {
+  TORCH_CHECK(msgs.scalar_type() == at::kByte && msgs.dim() == 2 && msgs.size(1) == lay.nbytes,
+              "fp4quant: ", what, " must be uint8 of shape (rows, ", lay.nbytes, ") for n=", lay.n, ", got ",
+              msgs.scalar_type(), " ", msgs.sizes());
+}
+
+void torch_parallel_for(int64_t n, int64_t grain, cpu::RangeFn fn, void* ctx) {
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { fn(ctx, begin, end); });
+}
+
+// ---- argument building, shared by the CPU and CUDA implementations ----
+
+// Scratch of the tensor-scale configs: float workspace (rows x padded) when the values must be
+// transformed before their maximum is known, and zeroed words for device-wide maxima.
+struct Scratch {
+  at::Tensor workspace, words;
+};
+
+QuantizeArgs quantize_args(const at::Tensor& x, const Config& cfg, const c10::optional<at::Tensor>& signs,
+                           int64_t seed, int64_t offset, at::Tensor& out, Scratch& scratch) {
+  TORCH_CHECK(x.dim() == 2, "fp4quant.quantize: x must be 2-D (rows, n), got ", x.sizes());
+  TORCH_CHECK(x.stride(1) == 1, "fp4quant.quantize: x rows must be contiguous");
+  const Layout lay = make_layout(cfg, x.size(1));
+  out = at::empty({x.size(0), lay.nbytes}, x.options().dtype(at::kByte));
+  const bool tensor = cfg.coarse == kCoarseTensor;
+  const bool needs_workspace = tensor && cfg.fwht;
+  scratch.workspace = at::empty({needs_workspace ? x.size(0) * lay.padded : 0}, x.options().dtype(at::kFloat));
+  scratch.words = at::zeros({tensor ? 2 * x.size(0) : 0}, x.options().dtype(at::kInt));
+  QuantizeArgs a{};
+  a.cfg = cfg;
+  a.lay = lay;
+  a.rows = x.size(0);
+  a.x = x.data_ptr();
+  a.x_dtype = dtype_code(x.scalar_type(), "x");
+  a.x_row_stride = x.stride(0);
+  a.out = out.data_ptr<uint8_t>();
+  a.signs = signs_ptr(signs, cfg, x.device());
+  a.key = stream_key(uint64_t(seed));
+  a.offset = uint64_t(offset);
+  a.transform = true;
+  a.workspace = needs_workspace ? scratch.workspace.data_ptr<float>() : nullptr;
+  a.reduce_scratch = tensor ? reinterpret_cast<uint32_t*>(scratch.words.data_ptr<int32_t>()) : nullptr;
+  return a;
+}
+
+DequantizeArgs dequantize_args(const at::Tensor& msgs, int64_t n, const Config& cfg,
+                               const c10::optional<at::Tensor>& signs, at::ScalarType dtype, at::Tensor& out) {
+  TORCH_CHECK(n >= 0, "fp4quant.dequantize: n must be >= 0, got ", n);
+  const Layout lay = make_layout(cfg, n);
+  check_messages(msgs, lay, "msgs");
+  out = at::empty({msgs.size(0), n}, msgs.options().dtype(dtype));
+  DequantizeArgs a{};
+  a.cfg = cfg;
+  a.lay = lay;
+  a.rows = msgs.size(0);
+  a.msgs = msgs.data_ptr<uint8_t>();
+  a.out = out.data_ptr();
+  a.out_dtype = dtype_code(dtype, "dtype");
+  a.signs = signs_ptr(signs, cfg, msgs.device());
+  return a;
+}
+
+ReduceArgs reduce_args(const at::Tensor& msgs, int64_t n, const Config& cfg, const c10::optional<at::Tensor>& signs,
+                       at::ScalarType dtype, bool requantize, int64_t seed, int64_t offset, at::Tensor& out,
+                       Scratch& scratch) {
+  TORCH_CHECK(n >= 0, "fp4quant.dequantize_reduce: n must be >= 0, got ", n);
+  const Layout lay = make_layout(cfg, n);
+  check_messages(msgs, lay, "msgs");
+  TORCH_CHECK(msgs.size(0) >= 1, "fp4quant.dequantize_reduce: needs at least one message");
+  out = requantize ? at::empty({lay.nbytes}, msgs.options()) : at::empty({n}, msgs.options().dtype(dtype));
+  const bool needs_workspace = requantize && cfg.coarse == kCoarseTensor;
+  scratch.workspace = at::empty({needs_workspace ? lay.padded : 0}, msgs.options().dtype(at::kFloat));
+  scratch.words = at::zeros({needs_workspace ? 2 : 0}, msgs.options().dtype(at::kInt));
+  ReduceArgs a{};
+  a.cfg = cfg;
+  a.lay = lay;
+  a.world = msgs.size(0);
+  a.msgs = msgs.data_ptr<uint8_t>();
+  a.requantize = requantize;
+  a.out_msg = requantize ? out.data_ptr<uint8_t>() : nullptr;
+  a.out = requantize ? nullptr : out.data_ptr();
+  a.out_dtype = dtype_code(dtype, "dtype");
+  a.signs = signs_ptr(signs, cfg, msgs.device());
+  a.key = stream_key(uint64_t(seed));
+  a.offset = uint64_t(offset);
+  a.workspace = needs_workspace ? scratch.workspace.data_ptr<float>() : nullptr;
+  a.reduce_scratch = needs_workspace ? reinterpret_cast<uint32_t*>(scratch.words.data_ptr<int32_t>()) : nullptr;
+  return a;
+}
+
+// ---- CPU ----
+
+at::Tensor quantize_cpu(const at::Tensor& x_in, at::IntArrayRef config, const c10::optional<at::Tensor>& signs,
+                        int64_t seed, int64_t offset) {
+  const Config cfg = parse_config(config);
+  const at::Tensor x = x_in.dim() == 2 && x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+  at::Tensor out;
+  Scratch scratch;
+  const QuantizeArgs a = quantize_args(x, cfg, signs, seed, offset, out, scratch);
+  cpu::best_kernels().quantize(a, torch_parallel_for);
+  return out;
+}
+
+at::Tensor dequantize_cpu(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
+                          const c10::optional<at::Tensor>& signs, at::ScalarType dtype) {
+  const Config cfg = parse_config(config);
+  const at::Tensor msgs = msgs_in.contiguous();
+  at::Tensor out;
+  const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, out);
+  cpu::best_kernels().dequantize(a, torch_parallel_for);
+  return out;
+}
+
+at::Tensor dequantize_reduce_cpu(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
+                                 const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool requantize,
+                                 int64_t seed, int64_t offset) {
+  const Config cfg = parse_config(config);
+  const at::Tensor msgs = msgs_in.contiguous();
+  at::Tensor out;
+  Scratch scratch;
+  const ReduceArgs a = reduce_args(msgs, n, cfg, signs, dtype, requantize, seed, offset, out, scratch);
+  cpu::best_kernels().dequantize_reduce(a, torch_parallel_for);
+  return out;
+}
+
+// ---- CUDA ----
+
+#ifdef FP4QUANT_WITH_CUDA
+void check_cuda(int err, const char* op) { TORCH_CHECK(err == 0, "fp4quant.", op, ": CUDA error ", err, ": ", cuda::error_string(err)); }
+
+at::Tensor quantize_cuda(const at::Tensor& x_in, at::IntArrayRef config, const c10::optional<at::Tensor>& signs,
+                         int64_t seed, int64_t offset) {
+  const Config cfg = parse_config(config);
+  const at::Tensor x = x_in.dim() == 2 && x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out;
+  Scratch scratch;
+  const QuantizeArgs a = quantize_args(x, cfg, signs, seed, offset, out, scratch);
+  check_cuda(cuda::quantize(a, at::cuda::getCurrentCUDAStream().stream()), "quantize");
+  return out;
+}
+
+at::Tensor dequantize_cuda(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
+                           const c10::optional<at::Tensor>& signs, at::ScalarType dtype) {
+  const Config cfg = parse_config(config);
+  const at::Tensor msgs = msgs_in.contiguous();
+  const c10::cuda::CUDAGuard guard(msgs.device());
+  at::Tensor out;
+  const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, out);
+  check_cuda(cuda::dequantize(a, at::cuda::getCurrentCUDAStream().stream()), "dequantize");
+  return out;
+}
+
+at::Tensor dequantize_reduce_cuda(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
+                                  const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool requantize,
+                                  int64_t seed, int64_t offset) {
+  const Config cfg = parse_config(config);
+  const at::Tensor msgs = msgs_in.contiguous();
+  const c10::cuda::CUDAGuard guard(msgs.device());
+  at::Tensor out;
+  Scratch scratch;
+  const ReduceArgs a = reduce_args(msgs, n, cfg, signs, dtype, requantize, seed, offset, out, scratch);
+  check_cuda(cuda::dequantize_reduce(a, at::cuda::getCurrentCUDAStream().stream()), "dequantize_reduce");
+  return out;
+}
+#endif
+
+}  // namespace
+}  // namespace fp4q
+
+TORCH_LIBRARY(fp4quant, m) {
+  m.def("quantize(Tensor x, int[] config, Tensor? signs, int seed, int offset) -> Tensor");
+  m.def("dequantize(Tensor msgs, int n, int[] config, Tensor? signs, ScalarType dtype) -> Tensor");
+  m.def(
+      "dequantize_reduce(Tensor msgs, int n, int[] config, Tensor? signs, ScalarType dtype, bool requantize, "
+      "int seed, int offset) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fp4quant, CPU, m) {
+  m.impl("quantize", &fp4q::quantize_cpu);
+  m.impl("dequantize", &fp4q::dequantize_cpu);
+  m.impl("dequantize_reduce", &fp4q::dequantize_reduce_cpu);
+}
+
+#ifdef FP4QUANT_WITH_CUDA
+TORCH_LIBRARY_IMPL(fp4quant, CUDA, m) {
+  m.impl("quantize", &fp4q::quantize_cuda);
+  m.impl("dequantize", &fp4q::dequantize_cuda);
+  m.impl("dequantize_reduce", &fp4q::dequantize_reduce_cuda);
+}
+#endif
+
+#ifndef FP4QUANT_CUDA_ARCHS
+#define FP4QUANT_CUDA_ARCHS ""
+#endif
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "fp4quant native kernels (ops registered under torch.ops.fp4quant)";
+  m.def("cpu_isa", []() { return std::string(fp4q::cpu::best_kernels().isa); }, "instruction set of the CPU kernels in use");
+#ifdef FP4QUANT_WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+  m.attr("cuda_archs") = std::string(FP4QUANT_CUDA_ARCHS);
+}

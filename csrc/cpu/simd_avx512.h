@@ -1,0 +1,211 @@
+// AVX-512 pieces of the CPU codec (included by codec_generic.h in codec_avx512.cpp only).
+// Each computes exactly what the scalar loop it replaces computes: the same IEEE
+// operations on the same operands, 16 values per instruction.  One 16-value micro-group
+// is one register.
+#pragma once
+
+#include <immintrin.h>
+
+namespace fp4q {
+namespace cpu {
+namespace {
+namespace avx512 {
+
+inline __m512 abs_ps(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)));
+}
+
+inline __mmask16 finite_mask(__m512 a_abs) { return _mm512_cmp_ps_mask(a_abs, _mm512_set1_ps(__builtin_inff()), _CMP_LT_OQ); }
+
+inline float finite_amax(const float* b, int64_t n) {
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 a = abs_ps(_mm512_loadu_ps(b + i));
+    m = _mm512_mask_max_ps(m, finite_mask(a), m, a);
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+// One butterfly stage of stride h < 16 inside a register: the partner of lane i is lane
+// i ^ h; lanes with bit h clear get a + b, lanes with it set get a - b (a: the lower one).
+inline __m512 stage_in_register(__m512 v, __m512i partner, __mmask16 upper) {
+  const __m512 p = _mm512_permutexvar_ps(partner, v);
+  return _mm512_mask_blend_ps(upper, _mm512_add_ps(v, p), _mm512_sub_ps(p, v));
+}
+
+// All radix-2 stages on n values (n a multiple of 16): strides 1..8 (level one, in
+// registers), then 16..n/2 (level two, register pairs).
+inline void butterflies(float* b, int64_t n) {
+  const __m512i x1 = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  const __m512i x2 = _mm512_set_epi32(13, 12, 15, 14, 9, 8, 11, 10, 5, 4, 7, 6, 1, 0, 3, 2);
+  const __m512i x4 = _mm512_set_epi32(11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4);
+  const __m512i x8 = _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 v = _mm512_loadu_ps(b + i);
+    v = stage_in_register(v, x1, 0xAAAA);
+    v = stage_in_register(v, x2, 0xCCCC);
+    v = stage_in_register(v, x4, 0xF0F0);
+    v = stage_in_register(v, x8, 0xFF00);
+    _mm512_storeu_ps(b + i, v);
+  }
+  for (int64_t h = 16; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = 0; j < h; j += 16) {
+        const __m512 a = _mm512_loadu_ps(b + i + j), c = _mm512_loadu_ps(b + i + j + h);
+        _mm512_storeu_ps(b + i + j, _mm512_add_ps(a, c));
+        _mm512_storeu_ps(b + i + j + h, _mm512_sub_ps(a, c));
+      }
+    }
+  }
+}
+
+inline void load_values(const void* x, int32_t dtype, int64_t first, int64_t count, float* buf) {
+  // count is a multiple of 16 and every value exists
+  if (dtype == kF32) {
+    const float* p = static_cast<const float*>(x) + first;
+    for (int64_t i = 0; i < count; i += 16) _mm512_storeu_ps(buf + i, _mm512_loadu_ps(p + i));
+  } else if (dtype == kBF16) {
+    const uint16_t* p = static_cast<const uint16_t*>(x) + first;
+    for (int64_t i = 0; i < count; i += 16) {
+      const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+      _mm512_storeu_ps(buf + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    }
+  } else {
+    const uint16_t* p = static_cast<const uint16_t*>(x) + first;
+    for (int64_t i = 0; i < count; i += 16)
+      _mm512_storeu_ps(buf + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))));
+  }
+}
+
+// Saturate to the dtype's range keeping NaN (min_ps(bound, x) returns x when x is NaN),
+// then round to the dtype.  count is a multiple of 16.
+inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first) {
+  if (dtype == kF32) {
+    const __m512 hi = _mm512_set1_ps(3.4028234663852886e38f), lo = _mm512_set1_ps(-3.4028234663852886e38f);
+    float* p = static_cast<float*>(out) + first;
+    for (int64_t i = 0; i < count; i += 16)
+      _mm512_storeu_ps(p + i, _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_loadu_ps(buf + i))));
+  } else if (dtype == kBF16) {
+    const __m512 hi = _mm512_set1_ps(3.3895313892515355e38f), lo = _mm512_set1_ps(-3.3895313892515355e38f);
+    uint16_t* p = static_cast<uint16_t*>(out) + first;
+    for (int64_t i = 0; i < count; i += 16) {
+      const __m512 v = _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_loadu_ps(buf + i)));
+      __m512i u = _mm512_castps_si512(v);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+      u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+      u = _mm512_mask_mov_epi32(u, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + i), _mm512_cvtepi32_epi16(u));
+    }
+  } else {
+    const __m512 hi = _mm512_set1_ps(65504.0f), lo = _mm512_set1_ps(-65504.0f);
+    uint16_t* p = static_cast<uint16_t*>(out) + first;
+    for (int64_t i = 0; i < count; i += 16) {
+      const __m512 v = _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_loadu_ps(buf + i)));
+      __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      // canonical NaN 0x7E00 with the sign, as c10::Half and the scalar path produce
+      const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      const __m256i sign = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0x8000)));
+      h = _mm256_mask_mov_epi16(h, nan, _mm256_or_si256(sign, _mm256_set1_epi16(0x7E00)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + i), h);
+    }
+  }
+}
+
+// FP4 codes of one finite 16-value micro-group y scaled by r, round-to-nearest-even
+// straight from the tie points (e2m1_nearest_mag), packed low nibble first into 8 bytes.
+inline void e2m1_nearest_codes(__m512 y, float r, uint8_t* out) {
+  const __m512 v = _mm512_mul_ps(y, _mm512_set1_ps(r));
+  const __m512 a = abs_ps(v);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i mag = _mm512_setzero_si512();
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), mag, one);
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), mag, one);
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), mag, one);
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), mag, one);
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), mag, one);
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), mag, one);
+  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), mag, one);
+  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 31), 3);
+  const __m512i codes = _mm512_or_si512(mag, sign);
+  // each 64-bit lane holds (even code) | (odd code) << 32: fold the odd one into bits 4..7
+  const __m512i pairs = _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(pairs));
+}
+
+// E4M3 micro-scales of up to 16 micro-groups at once (fp4q::micro_scale, vectorized for
+// e4m3 scales): t = (amax / 6) / c, clamped to [2**-6, 448] and rounded onto the E4M3
+// grid; the decoded scale m is the rounded value itself; r = (1/c) / m (or 1/m).
+inline void e4m3_micro_scales(const float* amax, __mmask16 finite, float c, bool coarse, int32_t rule, uint8_t* stored,
+                              float* r, int64_t count) {
+  __m512 t = _mm512_div_ps(_mm512_loadu_ps(amax), _mm512_set1_ps(6.0f));
+  if (coarse) t = c == 0.0f ? _mm512_setzero_ps() : _mm512_div_ps(t, _mm512_set1_ps(c));
+  __m512 a = _mm512_min_ps(_mm512_set1_ps(448.0f), _mm512_max_ps(_mm512_set1_ps(0.015625f), t));
+  const __m512i abits = _mm512_castps_si512(a);
+  const __m512 sp = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_srli_epi32(abits, 23), _mm512_set1_epi32(3)), 23));
+  const __m512 idx = _mm512_div_ps(a, sp);
+  const __m512 lo = _mm512_roundscale_ps(idx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 frac = _mm512_sub_ps(idx, lo);
+  __mmask16 up;
+  if (rule == kScaleUp) {
+    up = _mm512_cmp_ps_mask(frac, _mm512_setzero_ps(), _CMP_GT_OQ);
+  } else {
+    const __mmask16 odd = _mm512_test_epi32_mask(_mm512_cvttps_epi32(lo), _mm512_set1_epi32(1));
+    up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GT_OQ) |
+         (_mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_EQ_OQ) & odd);
+  }
+  const __m512 q = _mm512_min_ps(_mm512_set1_ps(448.0f),
+                                 _mm512_mul_ps(_mm512_mask_add_ps(lo, up, lo, _mm512_set1_ps(1.0f)), sp));
+  const __m512i qbits = _mm512_castps_si512(q);
+  // E4M3 byte of a normal value: biased exponent (e + 7) and the top three mantissa bits
+  const __m512i exp = _mm512_sub_epi32(_mm512_srli_epi32(qbits, 23), _mm512_set1_epi32(127 - 7));
+  __m512i bytes = _mm512_or_si512(_mm512_slli_epi32(exp, 3), _mm512_and_si512(_mm512_srli_epi32(qbits, 20), _mm512_set1_epi32(7)));
+  bytes = _mm512_mask_mov_epi32(_mm512_set1_epi32(0x7F), finite, bytes);  // NaN scale for non-finite groups
+  const __m512 rv = coarse ? (c == 0.0f ? _mm512_setzero_ps() : _mm512_div_ps(_mm512_set1_ps(1.0f / c), q))
+                           : _mm512_div_ps(_mm512_set1_ps(1.0f), q);
+  _mm_mask_storeu_epi8(stored, __mmask16((1u << count) - 1u), _mm512_cvtepi32_epi8(bytes));
+  _mm512_storeu_ps(r, rv);
+}
+
+// A span of FP4 values with E4M3 micro-scales over 16 values, round-to-nearest-even:
+// micro-scales into `scales`, packed codes into `codes` (the span's slices of the message).
+inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len, float c, uint8_t* scales,
+                                 uint8_t* codes) {
+  const int64_t micros = len / 16;
+  for (int64_t j0 = 0; j0 < micros; j0 += 16) {
+    const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
+    alignas(64) float amax[16] = {0};
+    alignas(64) float r[16];
+    __mmask16 finite = 0;
+    for (int64_t k = 0; k < count; ++k) {
+      const __m512 a = abs_ps(_mm512_loadu_ps(b + 16 * (j0 + k)));
+      if (finite_mask(a) == 0xFFFF) {
+        finite = __mmask16(finite | (1u << k));
+        amax[k] = _mm512_reduce_max_ps(a);
+      }
+    }
+    e4m3_micro_scales(amax, finite, c, cfg.coarse != kCoarseNone, cfg.scale_round, scales + j0, r, count);
+    for (int64_t k = 0; k < count; ++k) {
+      uint8_t* out = codes + 8 * (j0 + k);
+      if ((finite >> k) & 1u) {
+        e2m1_nearest_codes(_mm512_loadu_ps(b + 16 * (j0 + k)), r[k], out);
+      } else {
+        std::memset(out, 0, 8);  // the non-finite code of e2m1
+      }
+    }
+  }
+}
+
+// The 16 values of a micro-group from its 8 code bytes and its decoding scale s.
+inline __m512 e2m1_decode(const uint8_t* in, float s) {
+  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                      -2.0f, -3.0f, -4.0f, -6.0f);
+  const __m512i bytes = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in)));
+  const __m512i idx = _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi64(0xF)),
+                                      _mm512_and_si512(_mm512_slli_epi64(bytes, 28), _mm512_set1_epi64(0xF00000000LL)));
+  return _mm512_mul_ps(_mm512_permutexvar_ps(idx, table), _mm512_set1_ps(s));
+}
+
+}  // namespace avx512
+}  // namespace
+}  // namespace cpu
+}  // namespace fp4q

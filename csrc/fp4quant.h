@@ -1,0 +1,392 @@
+// fp4quant: the scalar math of docs/format.md, shared by the C++ (CPU) and CUDA kernels.
+//
+// Plain C++17, no torch headers: nvcc compiles it for the device, any C++ compiler for
+// the host.  Every function follows the reference (fp4quant/reference) operation for
+// operation, in float32 with round-to-nearest-even, so the kernels reproduce its bits.
+// Build with FP contraction off (-ffp-contract=off, nvcc --fmad=false): a fused
+// multiply-add rounds once where the reference rounds twice.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+// Internal linkage on purpose: the CPU kernels are compiled several times with different
+// instruction sets (scalar, AVX2, AVX-512), and an inline function with external linkage
+// would let the linker keep the AVX-512 copy for everyone.
+#if defined(__CUDACC__)
+#define FP4Q_HD static __host__ __device__ __forceinline__
+#else
+#define FP4Q_HD static inline
+#endif
+
+namespace fp4q {
+
+// ---- configuration (mirrors fp4quant.format.QuantConfig; see fp4quant/ops/codes.py) ----
+
+enum Element : int32_t { kE2M1 = 0, kInt4 = 1, kE4M3 = 2 };
+enum ScaleFormat : int32_t { kScaleE4M3 = 0, kScaleE8M0 = 1, kScaleFP16 = 2, kScaleNone = 3 };
+enum Coarse : int32_t { kCoarseGroup = 0, kCoarseTensor = 1, kCoarseNone = 2 };
+enum ScaleRound : int32_t { kScaleNearest = 0, kScaleUp = 1, kScaleFloor = 2 };
+enum Rounding : int32_t { kRoundNearest = 0, kRoundStochastic = 1 };
+enum Packing : int32_t { kPackWarp = 0, kPackNaive = 1 };
+enum DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+constexpr int kConfigFields = 9;  // length of the int[] config of the ops
+
+struct Config {
+  int32_t element, micro_group, group, micro_scale, coarse, scale_round, fwht, rounding, packing;
+};
+
+// Byte layout of one message of n values (docs/format.md, "Layout").
+struct Layout {
+  int64_t n, padded, block;
+  int64_t span;  // values per unit of work: the group, or whole micro-groups (>= 1024 values)
+  int64_t n_coarse, n_micro, micro_bytes, code_bytes;
+  int64_t micro_off, codes_off, nbytes;  // coarse scales start at 0
+};
+
+FP4Q_HD int element_bits(int32_t element) { return element == kE4M3 ? 8 : 4; }
+
+FP4Q_HD float element_max(int32_t element) {
+  return element == kE2M1 ? 6.0f : (element == kInt4 ? 7.0f : 448.0f);
+}
+
+FP4Q_HD int64_t config_block(const Config& c) {
+  return (c.fwht || c.coarse == kCoarseGroup) ? c.group : c.micro_group;
+}
+
+FP4Q_HD Layout make_layout(const Config& c, int64_t n) {
+  Layout l{};
+  l.n = n;
+  l.block = config_block(c);
+  l.padded = (n + l.block - 1) / l.block * l.block;
+  // A group carries a coarse scale and an FWHT, so it is one unit of work; otherwise the
+  // unit is a run of micro-groups long enough to amortize the per-unit overhead.
+  const bool grouped = c.fwht || c.coarse == kCoarseGroup;
+  l.span = grouped || l.block >= 1024 ? l.block : (1024 / l.block) * l.block;
+  l.n_coarse = c.coarse == kCoarseGroup ? l.padded / c.group : (c.coarse == kCoarseTensor && l.padded ? 1 : 0);
+  l.n_micro = c.micro_scale == kScaleNone ? 0 : l.padded / c.micro_group;
+  l.micro_bytes = c.micro_scale == kScaleFP16 ? 2 : (c.micro_scale == kScaleNone ? 0 : 1);
+  l.code_bytes = l.padded * element_bits(c.element) / 8;
+  l.micro_off = 4 * l.n_coarse;
+  l.codes_off = l.micro_off + l.n_micro * l.micro_bytes;
+  l.nbytes = l.codes_off + l.code_bytes;
+  return l;
+}
+
+// coarse scale = block amax / divisor (6 * 448 = 2688 for FP4 under E4M3 micro-scales)
+FP4Q_HD float coarse_divisor(const Config& c) {
+  float smax = c.micro_scale == kScaleE4M3 ? 448.0f : (c.micro_scale == kScaleFP16 ? 65504.0f : 1.0f);
+  return element_max(c.element) * smax;
+}
+
+// ---- float32 bit tricks ----
+
+FP4Q_HD uint32_t f2u(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+FP4Q_HD float u2f(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// 2**e, exact, for integer e in [-126, 127]
+FP4Q_HD float pow2(int e) { return u2f(uint32_t(e + 127) << 23); }
+
+// floor(log2 a) from the exponent field; -127 for zero and subnormals
+FP4Q_HD int exponent_bits(float a) { return int((f2u(a) >> 23) & 0xFF) - 127; }
+
+FP4Q_HD int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+FP4Q_HD bool is_nan(float a) { return a != a; }
+FP4Q_HD bool is_finite(float a) { return (f2u(a) & 0x7F800000u) != 0x7F800000u; }
+FP4Q_HD float abs_f(float a) { return u2f(f2u(a) & 0x7FFFFFFFu); }
+FP4Q_HD bool sign_bit(float a) { return (f2u(a) >> 31) != 0; }
+// min/max keeping NaN in `a` (torch.clamp semantics); `b` is never NaN here
+FP4Q_HD float min_keep_nan(float a, float b) { return (a > b) ? b : a; }
+FP4Q_HD float max_keep_nan(float a, float b) { return (a < b) ? b : a; }
+FP4Q_HD float floor_f(float a) {
+#if defined(__CUDA_ARCH__)
+  return floorf(a);
+#else
+  return __builtin_floorf(a);
+#endif
+}
+
+// Normalization exponent of a block (docs/format.md step 1; decoding uses it on c).
+FP4Q_HD int normalizing_exponent(float amax) { return clampi(exponent_bits(amax), -126, 126); }
+
+// ---- rounding onto a grid (fp4quant/format/elements.py: Grid.round) ----
+
+struct Grid {
+  float max;
+  int mbits;  // < 0: integer grid (spacing 1)
+  int emin;
+};
+
+FP4Q_HD Grid grid_e2m1() { return Grid{6.0f, 1, 0}; }
+FP4Q_HD Grid grid_e4m3() { return Grid{448.0f, 3, -6}; }
+FP4Q_HD Grid grid_fp16() { return Grid{65504.0f, 10, -14}; }
+FP4Q_HD Grid grid_int4() { return Grid{7.0f, -1, 0}; }
+FP4Q_HD Grid element_grid(int32_t element) {
+  return element == kE2M1 ? grid_e2m1() : (element == kInt4 ? grid_int4() : grid_e4m3());
+}
+
+enum GridMode : int32_t { kGridNearest = 0, kGridUp = 1, kGridStochastic = 2 };
+
+// Round a >= 0 onto the grid, saturating at g.max; NaN stays NaN.
+FP4Q_HD float grid_round(float a, Grid g, int32_t mode, float u) {
+  a = min_keep_nan(a, g.max);
+  float sp = 1.0f;
+  if (g.mbits >= 0) {
+    int e = exponent_bits(a);
+    e = e < g.emin ? g.emin : e;
+    sp = pow2(e - g.mbits);
+  }
+  float idx = a / sp;
+  float lo = floor_f(idx);
+  float frac = idx - lo;
+  bool up;
+  if (mode == kGridNearest) {
+    bool odd = (lo - 2.0f * floor_f(lo * 0.5f)) == 1.0f;
+    up = frac > 0.5f || (frac == 0.5f && odd);
+  } else if (mode == kGridUp) {
+    up = frac > 0.0f;
+  } else {
+    up = u < frac;
+  }
+  float q = (lo + (up ? 1.0f : 0.0f)) * sp;
+  return min_keep_nan(q, g.max);
+}
+
+// ---- element codes ----
+
+// E2M1 code of an on-grid magnitude q in {0, .5, 1, 1.5, 2, 3, 4, 6}
+FP4Q_HD uint32_t e2m1_code(float q, bool negative) {
+  uint32_t twice = uint32_t(q * 2.0f);  // 0,1,2,3,4,6,8,12
+  uint32_t mag = twice <= 4 ? twice : (twice == 6 ? 5u : (twice == 8 ? 6u : 7u));
+  return mag | (negative ? 8u : 0u);
+}
+
+FP4Q_HD float e2m1_value(uint32_t code) {
+  const uint32_t mag = code & 7u;
+  float v = mag <= 4 ? float(mag) * 0.5f : (mag == 5 ? 3.0f : (mag == 6 ? 4.0f : 6.0f));
+  return (code & 8u) ? -v : v;
+}
+
+// E2M1 round-to-nearest-even of |v| (saturating) straight from the tie points; equals
+// grid_round(a, e2m1, nearest) and is what the vectorized kernels use.
+FP4Q_HD uint32_t e2m1_nearest_mag(float a) {
+  return uint32_t(a > 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a > 1.25f) + uint32_t(a >= 1.75f) +
+         uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a > 5.0f);
+}
+
+// E4M3 ("fn") byte of an exactly representable value (|q| <= 448)
+FP4Q_HD uint32_t e4m3_byte(float q) {
+  uint32_t sign = sign_bit(q) ? 0x80u : 0u;
+  float a = abs_f(q);
+  if (a == 0.0f) return sign;
+  int e = exponent_bits(a);
+  if (e < -6) return sign | uint32_t(a * 512.0f);  // subnormal: multiples of 2**-9
+  uint32_t mant = uint32_t(a * pow2(3 - e)) - 8u;  // a / 2**(e-3) in [8, 16)
+  return sign | (uint32_t(e + 7) << 3) | mant;
+}
+
+FP4Q_HD float e4m3_value(uint32_t byte) {
+  uint32_t exp = (byte >> 3) & 0xFu, mant = byte & 7u;
+  if (exp == 0xF && mant == 7) return u2f(0x7FC00000u);  // NaN
+  float v = exp == 0 ? float(mant) * 0.001953125f : pow2(int(exp) - 7) * (1.0f + float(mant) * 0.125f);
+  return (byte & 0x80u) ? -v : v;
+}
+
+FP4Q_HD uint32_t element_code(int32_t element, float q, bool negative) {
+  if (element == kE2M1) return e2m1_code(q, negative);
+  if (element == kInt4) return uint32_t(int32_t(negative ? -q : q)) & 0xFu;
+  return e4m3_byte(negative ? -q : q);
+}
+
+FP4Q_HD float element_value(int32_t element, uint32_t code) {
+  if (element == kE2M1) return e2m1_value(code);
+  if (element == kInt4) return float(int32_t((code ^ 8u)) - 8);
+  return e4m3_value(code);
+}
+
+FP4Q_HD uint32_t element_nonfinite_code(int32_t element) { return element == kE4M3 ? 0x7Fu : 0u; }
+
+// ---- half precision (for fp16 scales and fp16 tensors) ----
+
+// IEEE binary16 bits of an exactly representable float (a value grid_round(., fp16) made)
+FP4Q_HD uint16_t half_bits_exact(float q) {
+  uint32_t u = f2u(q);
+  uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  float a = abs_f(q);
+  if (is_nan(a)) return uint16_t(sign | 0x7E00u);
+  if (a == 0.0f) return sign;
+  int e = exponent_bits(a);
+  if (e < -14) return uint16_t(sign | uint32_t(a * 16777216.0f));  // subnormal: multiples of 2**-24
+  uint32_t mant = (f2u(a) >> 13) & 0x3FFu;
+  return uint16_t(sign | (uint32_t(e + 15) << 10) | mant);
+}
+
+FP4Q_HD float half_value(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  if (exp == 0x1F) return u2f(sign | 0x7F800000u | (mant << 13));
+  if (exp == 0) {
+    float v = float(mant) * 5.9604644775390625e-08f;  // multiples of 2**-24
+    return sign ? -v : v;
+  }
+  return u2f(sign | (uint32_t(exp + 112) << 23) | (mant << 13));
+}
+
+// float -> binary16, round to nearest even, overflow to inf (torch's .to(float16))
+FP4Q_HD uint16_t float_to_half_rne(float f) {
+  uint32_t u = f2u(f);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t au = u & 0x7FFFFFFFu;
+  if (au > 0x7F800000u) return uint16_t(sign | 0x7E00u);  // NaN (c10::Half)
+  if (au == 0x7F800000u) return uint16_t(sign | 0x7C00u);
+  if (au >= 0x477FF000u) return uint16_t(sign | 0x7C00u);  // rounds past 65504
+  if (au < 0x38800000u) {                                   // below 2**-14: subnormal half
+    float a = u2f(au) * 16777216.0f;                        // exact: power-of-two scaling into ints
+    float r = floor_f(a);
+    float frac = a - r;
+    uint32_t m = uint32_t(r);
+    if (frac > 0.5f || (frac == 0.5f && (m & 1u))) m += 1;
+    return uint16_t(sign | m);
+  }
+  uint32_t mant_odd = (au >> 13) & 1u;
+  au += 0xC8000FFFu + mant_odd;  // re-bias exponent (-112 << 23) and round
+  return uint16_t(sign | (au >> 13));
+}
+
+// float -> bfloat16, round to nearest even, NaN -> 0x7FC0 (c10::BFloat16)
+FP4Q_HD uint16_t float_to_bf16_rne(float f) {
+  uint32_t u = f2u(f);
+  if (is_nan(f)) return uint16_t(0x7FC0u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+FP4Q_HD float bf16_value(uint16_t b) { return u2f(uint32_t(b) << 16); }
+
+// ---- scales ----
+
+FP4Q_HD float scale_min(int32_t fmt) { return fmt == kScaleE4M3 ? 0.015625f : 6.103515625e-05f; }
+
+// e4m3 / fp16 micro-scale: stored bits of the wanted scale t (NaN -> the format's NaN)
+FP4Q_HD uint32_t encode_scale(float t, int32_t fmt, int32_t rule) {
+  int32_t mode = rule == kScaleUp ? kGridUp : kGridNearest;
+  if (fmt == kScaleE4M3) {
+    if (is_nan(t)) return 0x7Fu;
+    return e4m3_byte(grid_round(max_keep_nan(t, scale_min(fmt)), grid_e4m3(), mode, 0.0f));
+  }
+  if (is_nan(t)) return 0x7E00u;
+  return half_bits_exact(grid_round(max_keep_nan(t, scale_min(fmt)), grid_fp16(), mode, 0.0f));
+}
+
+// e8m0 byte of a block from its largest magnitude (OCP floor rule, or "up")
+FP4Q_HD uint32_t encode_e8m0(float amax, float emax_elem_value, int emax_elem, int32_t rule) {
+  if (is_nan(amax)) return 0xFFu;
+  int k = exponent_bits(amax) - emax_elem;
+  if (rule == kScaleUp && amax > emax_elem_value * pow2(clampi(k, -126, 127))) k += 1;
+  return uint32_t(clampi(k, -127, 127) + 127);
+}
+
+FP4Q_HD int element_emax_exponent(int32_t element) { return element == kE4M3 ? 8 : 2; }
+
+FP4Q_HD float decode_scale(uint32_t stored, int32_t fmt) {
+  if (fmt == kScaleE4M3) return e4m3_value(stored);
+  if (fmt == kScaleFP16) return half_value(uint16_t(stored));
+  if (stored == 0xFFu) return u2f(0x7FC00000u);
+  if (stored == 0) return u2f(0x00400000u);  // 2**-127, the one subnormal scale
+  return pow2(int(stored) - 127);
+}
+
+// ---- counter-based random numbers (fp4quant/format/random.py) ----
+
+FP4Q_HD uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x21F0AAADu;
+  x ^= x >> 15;
+  x *= 0x735A2D97u;
+  x ^= x >> 15;
+  return x;
+}
+
+FP4Q_HD uint32_t stream_key(uint64_t seed) {
+  return mix32(uint32_t(seed) ^ mix32(uint32_t(seed >> 32) ^ 0x9E3779B9u));
+}
+
+FP4Q_HD float uniform(uint32_t key, uint64_t counter) {
+  uint32_t h = mix32(uint32_t(counter) ^ mix32(uint32_t(counter >> 32) ^ key));
+  return float(h >> 8) * 5.9604644775390625e-08f;  // 2**-24
+}
+
+// ---- the micro-group step (docs/format.md steps 4-5) ----
+
+// Scale of one micro-group: the stored scale bits and the reciprocal r applied to its values.
+struct MicroScale {
+  uint32_t stored;
+  float r;
+};
+
+// amax: the micro-group's largest magnitude; finite: whether all its values are finite;
+// c: the coarse scale in the normalized domain (ignored without one).
+FP4Q_HD MicroScale micro_scale(const Config& cfg, float amax, bool finite, float c) {
+  const bool coarse = cfg.coarse != kCoarseNone;
+  const float emax = element_max(cfg.element);
+  MicroScale out{0u, 0.0f};
+  float m = 1.0f;
+  if (cfg.micro_scale == kScaleE4M3 || cfg.micro_scale == kScaleFP16) {
+    float t = amax / emax;
+    if (coarse) t = (c == 0.0f) ? 0.0f : t / c;
+    if (!finite) t = u2f(0x7FC00000u);
+    out.stored = encode_scale(t, cfg.micro_scale, cfg.scale_round);
+    m = decode_scale(out.stored, cfg.micro_scale);
+  } else if (cfg.micro_scale == kScaleE8M0) {
+    out.stored = encode_e8m0(finite ? amax : u2f(0x7FC00000u), emax, element_emax_exponent(cfg.element),
+                             cfg.scale_round);
+    m = decode_scale(out.stored, kScaleE8M0);
+  }
+  if (coarse && cfg.micro_scale != kScaleNone) {
+    out.r = (c == 0.0f) ? 0.0f : (1.0f / c) / m;
+  } else if (coarse) {
+    out.r = (c == 0.0f) ? 0.0f : 1.0f / c;
+  } else {
+    out.r = 1.0f / m;
+  }
+  return out;
+}
+
+// Code of one value v = y * r (finite micro-group); u: its uniform for stochastic rounding.
+FP4Q_HD uint32_t quantize_value(const Config& cfg, float v, float u) {
+  float a = abs_f(v);
+  float q;
+  if (cfg.element == kE2M1 && cfg.rounding == kRoundNearest) {
+    uint32_t mag = e2m1_nearest_mag(a);
+    return mag | (sign_bit(v) ? 8u : 0u);
+  }
+  q = grid_round(a, element_grid(cfg.element), cfg.rounding == kRoundStochastic ? kGridStochastic : kGridNearest, u);
+  return element_code(cfg.element, q, sign_bit(v));
+}
+
+// Decoding scale s of a micro-group from its stored micro-scale and its coarse scale c.
+FP4Q_HD float decode_micro(const Config& cfg, uint32_t stored, float c) {
+  if (cfg.micro_scale == kScaleNone) return c;
+  float m = decode_scale(stored, cfg.micro_scale);
+  return cfg.coarse != kCoarseNone ? m * c : m;
+}
+
+}  // namespace fp4q

@@ -1,0 +1,61 @@
+"""What fp4quant was built with and what it uses: `python -m fp4quant.info [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from . import __version__, ops
+from .ops import _native
+from .provenance import git_commit, hardware
+
+
+def info() -> dict:
+    module = _native.module
+    gpu = torch.cuda.is_available()
+    return {
+        "fp4quant": __version__,
+        "commit": git_commit(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "hardware": hardware("cuda" if gpu else None),
+        "extension": {
+            "loaded": module is not None,
+            "path": getattr(module, "__file__", None),
+            "unavailable_reason": _native.unavailable_reason,
+            "built_with": _native.build_info,
+            "cpu_kernels": module.cpu_isa() if module is not None else None,
+            "cuda_kernels": bool(module.with_cuda) if module is not None else False,
+            "cuda_archs": module.cuda_archs if module is not None else "",
+        },
+        "backend": {"cpu": ops.backend("cpu"), "cuda": ops.backend("cuda") if gpu else "no GPU"},
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    args = ap.parse_args(argv)
+    d = info()
+    if args.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    ext = d["extension"]
+    print(f"fp4quant {d['fp4quant']} (commit {d['commit']})")
+    print(f"torch {d['torch']}, CUDA {d['torch_cuda'] or 'none'}; hardware: {d['hardware']}")
+    if ext["loaded"]:
+        built = ext["built_with"]
+        print(f"extension: {ext['path']}")
+        print(f"  built for torch {built.get('torch')}, CUDA {built.get('cuda') or 'none'}, archs {built.get('cuda_archs') or '-'}")
+        print(f"  CPU kernels in use: {ext['cpu_kernels']}; CUDA kernels: {'yes' if ext['cuda_kernels'] else 'no'}")
+    else:
+        print(f"extension: not in use ({ext['unavailable_reason']})")
+    print(f"ops run on: cpu={d['backend']['cpu']}, cuda={d['backend']['cuda']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
