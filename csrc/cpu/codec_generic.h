@@ -160,8 +160,9 @@ inline void encode_prepared(const Config& cfg, const Layout& lay, const float* b
   }
   const int64_t M = cfg.micro_group;
 #if defined(FP4Q_AVX512)
-  if (cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && M == 16 && cfg.rounding == kRoundNearest) {
-    avx512::encode_fp4_e4m3_span(cfg, b, S, c, msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2);
+  if (cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && M == 16) {
+    avx512::encode_fp4_e4m3_span(cfg, b, S, c, msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2, key,
+                                 ctr0);
     return;
   }
 #endif

@@ -132,6 +132,49 @@ inline void e2m1_nearest_codes(__m512 y, float r, uint8_t* out) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(pairs));
 }
 
+inline __m512i mix32(__m512i x) {
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int32_t(0x21F0AAADu)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int32_t(0x735A2D97u)));
+  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+}
+
+// fp4q::uniform of the 16 counters ctr .. ctr + 15
+inline __m512 uniforms(uint32_t key, uint64_t ctr) {
+  const __m512i lo0 = _mm512_set1_epi32(int32_t(uint32_t(ctr)));
+  const __m512i lo = _mm512_add_epi32(lo0, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __mmask16 carry = _mm512_cmplt_epu32_mask(lo, lo0);  // the low word wrapped
+  const __m512i hi = _mm512_mask_add_epi32(_mm512_set1_epi32(int32_t(uint32_t(ctr >> 32))), carry,
+                                           _mm512_set1_epi32(int32_t(uint32_t(ctr >> 32))), _mm512_set1_epi32(1));
+  const __m512i h = mix32(_mm512_xor_si512(lo, mix32(_mm512_xor_si512(hi, _mm512_set1_epi32(int32_t(key))))));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(5.9604644775390625e-08f));
+}
+
+// FP4 codes of one finite micro-group with stochastic rounding (grid_round, mode stochastic):
+// up with probability equal to the position between the two neighbours, decided by u < frac.
+inline void e2m1_stochastic_codes(__m512 y, float r, __m512 u, uint8_t* out) {
+  const __m512 v = _mm512_mul_ps(y, _mm512_set1_ps(r));
+  const __m512 a = _mm512_min_ps(_mm512_set1_ps(6.0f), abs_ps(v));
+  // spacing 2**(max(floor(log2 a), 0) - 1): 0.5 below 2, 1 below 4, 2 above
+  __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), 23), _mm512_set1_epi32(127));
+  e = _mm512_max_epi32(e, _mm512_setzero_si512());
+  const __m512 sp = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(126)), 23));
+  const __m512 idx = _mm512_div_ps(a, sp);
+  const __m512 lo = _mm512_roundscale_ps(idx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 frac = _mm512_sub_ps(idx, lo);
+  const __mmask16 up = _mm512_cmp_ps_mask(u, frac, _CMP_LT_OQ);
+  const __m512 q = _mm512_min_ps(_mm512_set1_ps(6.0f), _mm512_mul_ps(_mm512_mask_add_ps(lo, up, lo, _mm512_set1_ps(1.0f)), sp));
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i mag = _mm512_setzero_si512();
+  static const float grid[7] = {0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};  // q is on it: count the steps
+  for (float t : grid) mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(q, _mm512_set1_ps(t), _CMP_GE_OQ), mag, one);
+  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 31), 3);
+  const __m512i codes = _mm512_or_si512(mag, sign);
+  const __m512i pairs = _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(pairs));
+}
+
 // E4M3 micro-scales of up to 16 micro-groups at once (fp4q::micro_scale, vectorized for
 // e4m3 scales): t = (amax / 6) / c, clamped to [2**-6, 448] and rounded onto the E4M3
 // grid; the decoded scale m is the rounded value itself; r = (1/c) / m (or 1/m).
@@ -166,10 +209,11 @@ inline void e4m3_micro_scales(const float* amax, __mmask16 finite, float c, bool
   _mm512_storeu_ps(r, rv);
 }
 
-// A span of FP4 values with E4M3 micro-scales over 16 values, round-to-nearest-even:
-// micro-scales into `scales`, packed codes into `codes` (the span's slices of the message).
+// A span of FP4 values with E4M3 micro-scales over 16 values: micro-scales into `scales`,
+// packed codes into `codes` (the span's slices of the message).  Stochastic rounding uses
+// the counters ctr0 + i of the span's values.
 inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len, float c, uint8_t* scales,
-                                 uint8_t* codes) {
+                                 uint8_t* codes, uint32_t key, uint64_t ctr0) {
   const int64_t micros = len / 16;
   for (int64_t j0 = 0; j0 < micros; j0 += 16) {
     const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
@@ -186,7 +230,10 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
     e4m3_micro_scales(amax, finite, c, cfg.coarse != kCoarseNone, cfg.scale_round, scales + j0, r, count);
     for (int64_t k = 0; k < count; ++k) {
       uint8_t* out = codes + 8 * (j0 + k);
-      if ((finite >> k) & 1u) {
+      if (((finite >> k) & 1u) && cfg.rounding == kRoundStochastic) {
+        const __m512 u = uniforms(key, ctr0 + uint64_t(16 * (j0 + k)));
+        e2m1_stochastic_codes(_mm512_loadu_ps(b + 16 * (j0 + k)), r[k], u, out);
+      } else if ((finite >> k) & 1u) {
         e2m1_nearest_codes(_mm512_loadu_ps(b + 16 * (j0 + k)), r[k], out);
       } else {
         std::memset(out, 0, 8);  // the non-finite code of e2m1

@@ -1,0 +1,99 @@
+"""`python -m fp4quant.analysis collect|figure|table ...`: the workflow's analysis steps."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ..provenance import atomic_write_csv
+from . import collect, figures, tables
+
+FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error")
+TABLES = ("formats", "ablation", "end_to_end")
+
+
+def _write(df: pd.DataFrame, path: Path) -> None:
+    atomic_write_csv(path, df.to_dict("records"))
+
+
+def cmd_collect(a) -> None:
+    out = Path(a.out_dir)
+    runs = collect.training(a.runs, a.profile)
+    _write(runs, out / "training.csv")
+    _write(collect.curves(a.runs, a.profile), out / "curves.csv")
+    error = collect.benchmark(a.error, a.profile)
+    kernels = collect.benchmark(a.kernels, a.profile)
+    _write(error, out / "error.csv")
+    _write(kernels, out / "kernels.csv")
+    _write(collect.benchmark(a.collectives, a.profile), out / "collectives.csv")
+    abl = [collect.ablation(name, error, kernels, runs) for name in a.ablations]
+    _write(pd.concat(abl, ignore_index=True) if abl else pd.DataFrame(), out / "ablation.csv")
+
+
+def cmd_ablation(a) -> None:
+    runs = collect.training(a.runs, a.profile)
+    df = collect.ablation(a.name, collect.benchmark(a.error, a.profile), collect.benchmark(a.kernels, a.profile), runs)
+    _write(df, Path(a.out))
+
+
+def cmd_figure(a) -> None:
+    r = Path(a.results)
+    read = lambda name: pd.read_csv(r / f"{name}.csv")  # noqa: E731
+    if a.name == "throughput":
+        figures.throughput(read("training"), a.out, a.profile)
+    elif a.name == "kernels":
+        figures.kernels(read("kernels"), a.out, a.profile)
+    elif a.name == "allreduce":
+        figures.allreduce(read("collectives"), a.out, a.profile)
+    elif a.name == "convergence":
+        figures.convergence(read("curves"), read("training"), a.out, a.profile)
+    else:
+        figures.error(read("error"), a.out, a.profile)
+
+
+def cmd_table(a) -> None:
+    r = Path(a.results)
+    if a.name == "formats":
+        tables.formats(pd.read_csv(r / "error.csv"), a.out, a.profile)
+    elif a.name == "ablation":
+        tables.ablation(pd.read_csv(r / "ablation.csv"), a.out, a.profile)
+    else:
+        tables.end_to_end(pd.read_csv(r / "training.csv"), a.out, a.profile)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fp4quant.analysis", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect", help="tidy result CSVs from run folders and benchmark CSVs")
+    c.add_argument("--profile", required=True)
+    c.add_argument("--runs", nargs="+", required=True, help="training run folders (each with summary.json)")
+    c.add_argument("--error", required=True)
+    c.add_argument("--kernels", required=True)
+    c.add_argument("--collectives", required=True)
+    c.add_argument("--ablations", nargs="*", default=[])
+    c.add_argument("--out-dir", required=True)
+    b = sub.add_parser("ablation", help="one ablation against the full method, as a CSV")
+    b.add_argument("name")
+    b.add_argument("--profile", required=True)
+    b.add_argument("--runs", nargs="+", required=True)
+    b.add_argument("--error", required=True)
+    b.add_argument("--kernels", required=True)
+    b.add_argument("--out", required=True)
+    f = sub.add_parser("figure", help="one of the paper's figures")
+    f.add_argument("name", choices=FIGURES)
+    t = sub.add_parser("table", help="one of the paper's tables")
+    t.add_argument("name", choices=TABLES)
+    for p in (f, t):
+        p.add_argument("--results", required=True, help="folder of the tidy result CSVs")
+        p.add_argument("--profile", required=True)
+        p.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    {"collect": cmd_collect, "ablation": cmd_ablation, "figure": cmd_figure, "table": cmd_table}[a.command](a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Gather run folders and benchmark CSVs into tidy result tables (one row per observation)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+PROVENANCE_COLUMNS = ("hardware", "commit", "torch")
+
+
+def training(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
+    """One row per training run, from its summary.json."""
+    rows = []
+    for d in map(Path, run_dirs):
+        s = json.loads((d / "summary.json").read_text())
+        cfg = s["provenance"]["config"]
+        rows.append({
+            "profile": profile, "run": str(d), "model": cfg["model"], "comm": cfg["comm"], "compress": cfg["compress"],
+            "seed": cfg["seed"], "tp": s["mesh"]["tp"], "dp": s["mesh"]["dp"], "world": s["mesh"]["world"],
+            "backend": s["mesh"]["backend"], "device": s["mesh"]["device"], "steps": s["steps"],
+            "seq_len": cfg["seq_len"], "batch_size": cfg["batch_size"],
+            "final_loss": s["final_loss"], "val_loss": s["val_loss"], "tokens_per_s": s["tokens_per_s"],
+            "step_time_s": s["step_time_s"], "fwd_bytes_sent": s["fwd_bytes_sent"], "bwd_bytes_sent": s["bwd_bytes_sent"],
+            "bytes_uncompressed": s["bytes_uncompressed"],
+            **{k: s["provenance"][k] for k in PROVENANCE_COLUMNS},
+        })
+    df = pd.DataFrame(rows)
+    base = df[df.comm == "bf16"].groupby("seed").tokens_per_s.mean() if len(df) else pd.Series(dtype=float)
+    df["speedup_vs_bf16"] = [r.tokens_per_s / base[r.seed] if r.seed in base.index else float("nan")
+                             for r in df.itertuples()]
+    return df.sort_values(["comm", "seed"]).reset_index(drop=True)
+
+
+def curves(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
+    """Every logged step of every run: the loss curves."""
+    frames = []
+    for d in map(Path, run_dirs):
+        cfg = json.loads((d / "summary.json").read_text())["provenance"]["config"]
+        log = pd.read_json(d / "log.jsonl", lines=True)
+        log = log[["step", "loss", "lr", "tokens_per_s", "step_time_s"]].assign(
+            profile=profile, comm=cfg["comm"], seed=cfg["seed"], model=cfg["model"])
+        frames.append(log)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def benchmark(csv: str | Path, profile: str) -> pd.DataFrame:
+    """A benchmark's CSV with the profile added."""
+    return pd.read_csv(csv).assign(profile=profile)
+
+
+def ablation(name: str, error: pd.DataFrame, kernels: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """One ablation against the full method: codec error, kernel speed, training -- one row each."""
+    rows = []
+    presets = error[error.study == "presets"]
+    for kind, g in presets.groupby("kind"):
+        ours, abl = g[g.config == "fp4quant"], g[g.config == name]
+        rows.append({"ablation": name, "measure": f"sqnr_db/{kind}", "fp4quant": float(ours.sqnr_db.iloc[0]),
+                     "ablated": float(abl.sqnr_db.iloc[0])})
+    q = kernels[(kernels.op == "quantize") & (kernels.impl.isin(["native", "reference"]))]
+    if len(q):
+        size = q.size_bytes.max()
+        at = q[q.size_bytes == size]
+        for preset_row in (("fp4quant", name),):
+            a, b = at[at.preset == preset_row[0]], at[at.preset == preset_row[1]]
+            if len(a) and len(b):
+                rows.append({"ablation": name, "measure": f"quantize_gbps/{size}", "fp4quant": float(a.gbps.iloc[0]),
+                             "ablated": float(b.gbps.iloc[0])})
+    for measure in ("final_loss", "val_loss", "tokens_per_s"):
+        a, b = runs[runs.comm == "fp4quant"][measure], runs[runs.comm == name][measure]
+        if len(a) and len(b):
+            rows.append({"ablation": name, "measure": measure, "fp4quant": float(a.mean()), "ablated": float(b.mean())})
+    df = pd.DataFrame(rows)
+    df["change"] = df.ablated / df.fp4quant - 1
+    for key in PROVENANCE_COLUMNS:  # the training runs' hardware is the ablation's
+        df[key] = runs[key].iloc[0] if key in runs and len(runs) else kernels[key].iloc[0]
+    return df

@@ -1,0 +1,110 @@
+"""The paper's five figures, from the tidy result CSVs.  Each names its hardware and profile."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from ..provenance import atomic_write_bytes  # noqa: E402
+
+ORDER = ["bf16", "fp4quant", "no_fwht", "single_scale", "naive_pack", "nvfp4", "mxfp4", "int4", "fp8"]
+
+
+def _order(values) -> list[str]:
+    present = list(dict.fromkeys(values))
+    return [v for v in ORDER if v in present] + [v for v in present if v not in ORDER]
+
+
+def _footer(fig, df: pd.DataFrame, profile: str) -> None:
+    hw = "; ".join(sorted(set(df["hardware"].astype(str)))) if "hardware" in df else "unknown hardware"
+    commit = sorted(set(df["commit"].astype(str)))[0][:12] if "commit" in df and len(df) else "?"
+    fig.text(0.01, 0.005, f"profile {profile} | {hw} | fp4quant {commit}", fontsize=6, color="0.35", ha="left", va="bottom")
+
+
+def _save(fig, out: str | Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="pdf", bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(out, buf.getvalue())
+
+
+def throughput(training: pd.DataFrame, out, profile: str) -> None:
+    """End-to-end training tokens/s per TP communication, with the speedup over BF16."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    order = _order(training.comm)
+    sns.barplot(data=training, x="comm", y="tokens_per_s", order=order, ax=ax, color="#4C72B0", errorbar=None)
+    for i, comm in enumerate(order):
+        g = training[training.comm == comm]
+        ax.annotate(f"{g.speedup_vs_bf16.mean():.2f}x", (i, g.tokens_per_s.mean()), ha="center", va="bottom", fontsize=8)
+    first = training.iloc[0]
+    ax.set(xlabel="TP communication", ylabel="training tokens / s",
+           title=f"{first.model}, TP={first.tp} x DP={first.dp}, {first.backend}")
+    ax.tick_params(axis="x", rotation=20)
+    _footer(fig, training, profile)
+    _save(fig, out)
+
+
+def kernels(df: pd.DataFrame, out, profile: str) -> None:
+    """Kernel throughput vs input size, with torch.clone (the copy ceiling) dashed."""
+    native = df[df.impl.isin(["native", "reference", "torchao"])].copy()
+    native["series"] = native.preset.where(native.impl == "native", native.impl + " " + native.preset)
+    ops = [o for o in ("quantize", "dequantize", "dequantize_reduce") if o in set(native.op)]
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.4), sharey=True, squeeze=False)
+    clone = df[df.op == "clone"].sort_values("size_bytes")
+    for ax, op in zip(axes[0], ops):
+        d = native[native.op == op]
+        sns.lineplot(data=d, x="size_bytes", y="gbps", hue="series", marker="o", ax=ax, hue_order=_order(d.series))
+        ax.plot(clone.size_bytes, clone.gbps, "k--", label="torch.clone")
+        ax.set(xscale="log", yscale="log", xlabel="input bytes (float32)", ylabel="GB/s of input", title=op)
+        ax.legend(fontsize=6)
+    _footer(fig, df, profile)
+    _save(fig, out)
+
+
+def allreduce(df: pd.DataFrame, out, profile: str) -> None:
+    """Collective latency vs message size, and the speedup over the uncompressed all-reduce."""
+    d = df[(df.study == "presets")].copy()
+    d["series"] = d.config + " " + d.algorithm
+    d.loc[d.config == "none", "series"] = "uncompressed"
+    d = d[~d.series.str.contains("chunk")] if "chunk_policy" not in d else d[d.chunk_policy.astype(str) == "none"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    sns.lineplot(data=d, x="size_bytes", y="latency_s", hue="series", marker="o", ax=a)
+    a.set(xscale="log", yscale="log", xlabel="message bytes (float32)", ylabel="latency (s)",
+          title=f"all-reduce, {d.world_size.iloc[0]} ranks, {d.backend.iloc[0]}")
+    a.legend(fontsize=6)
+    sns.lineplot(data=d[d.config != "none"], x="size_bytes", y="speedup", hue="series", marker="o", ax=b)
+    b.axhline(1.0, color="k", lw=0.8, ls="--")
+    b.set(xscale="log", xlabel="message bytes (float32)", ylabel="speedup over uncompressed", title="speedup")
+    b.legend(fontsize=6)
+    _footer(fig, df, profile)
+    _save(fig, out)
+
+
+def convergence(curves: pd.DataFrame, training: pd.DataFrame, out, profile: str) -> None:
+    """Training loss per step (a moving average over 10 steps) per TP communication."""
+    c = curves.sort_values("step").copy()
+    c["loss (10-step mean)"] = c.groupby(["comm", "seed"]).loss.transform(lambda s: s.rolling(10, min_periods=1).mean())
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    sns.lineplot(data=c, x="step", y="loss (10-step mean)", hue="comm", hue_order=_order(c.comm), ax=ax)
+    ax.set(ylabel="training loss (nats / token)", title=f"{c.model.iloc[0]}: loss curves")
+    _footer(fig, training, profile)
+    _save(fig, out)
+
+
+def error(df: pd.DataFrame, out, profile: str) -> None:
+    """Quantization SQNR per preset and tensor kind."""
+    d = df[(df.study == "presets") & (df.config != "bf16")]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    sns.barplot(data=d, x="config", y="sqnr_db", hue="kind", order=_order(d.config), ax=ax)
+    ax.set(xlabel="format", ylabel="SQNR (dB), higher is better", title="quantize -> dequantize error")
+    ax.tick_params(axis="x", rotation=20)
+    ax.legend(fontsize=6, ncol=3)
+    _footer(fig, df, profile)
+    _save(fig, out)

@@ -1,0 +1,42 @@
+"""Compressed collectives over torch.distributed: the tensors cross the wire as FP4.
+
+    import fp4quant.comm as comm
+    comm.all_reduce(x, "fp4quant", group=tp_group)              # in place, two-shot
+    comm.all_reduce(x, "fp4quant", algorithm="one_shot", op="avg")
+    comm.all_gather(out, x, "fp4quant", group=tp_group)         # out: W * x.numel() values
+    comm.reduce_scatter(out, x, "fp4quant", group=tp_group)     # x: W * out.numel() values
+    comm.stats(); comm.reset_stats()
+
+``config=None`` or the ``bf16`` preset is the plain uncompressed collective (exactly
+torch's result).  Works on gloo (CPU) and NCCL (CUDA), any world size, any number of
+values (empty included), float32 / bfloat16 / float16, contiguous or not; every rank
+ends with bit-identical results; NaN or Inf in a rank's input becomes NaN in the same
+micro-group (with the FWHT: the same FWHT group) on every rank.
+
+Modules: collectives (public API), algorithms (two-shot, one-shot, gather, scatter as
+chunked pipelines), plan (sharding, padding, chunking, random streams), auto (algorithm
+selection from the benchmark's thresholds), validate (argument checks and cross-rank
+validation, FP4QUANT_VALIDATE=1), counters (stats()).  Benchmark:
+``torchrun --standalone --nproc-per-node 2 -m fp4quant.bench.collectives``.
+"""
+
+from __future__ import annotations
+
+from .auto import Thresholds, set_table
+from .collectives import DEFAULT_CHUNK_BYTES, all_gather, all_reduce, reduce_scatter
+from .counters import reset_stats, set_timing, stats
+from .validate import ALGORITHMS, OPS
+
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_CHUNK_BYTES",
+    "OPS",
+    "Thresholds",
+    "all_gather",
+    "all_reduce",
+    "reduce_scatter",
+    "reset_stats",
+    "set_table",
+    "set_timing",
+    "stats",
+]

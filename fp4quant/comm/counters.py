@@ -1,0 +1,105 @@
+"""Counters of the compressed collectives: bytes on the wire, calls, codec and communication time.
+
+``stats()`` returns a plain dict ``{direction: {field: value}}``; the trainer logs it,
+``reset_stats()`` clears it.  Fields, per direction (``"fwd"``, ``"bwd"``, ``"other"``...):
+
+calls               collective calls (every call, compressed or not, empty ones included)
+bytes_sent          bytes this rank pushed on the wire, counted per algorithm as an ideal
+                    implementation sends them: all-to-all and all-gather send (W-1) of
+                    the W messages (own message or shard, to or through the W-1 peers),
+                    a ring all-reduce 2 (W-1)/W of the tensor, a ring reduce-scatter
+                    (W-1)/W of its input.  Metadata exchanged by validation is not counted.
+bytes_uncompressed  what the uncompressed collective of the same tensor (same dtype) would
+                    have sent by the same rule: 2 (W-1)/W N b for an all-reduce, (W-1) N b
+                    for an all-gather of N values per rank, (W-1)/W N b for a reduce-scatter
+                    of an N-value input (b: bytes per value of the tensor's dtype)
+quantize_s          seconds in the codec ops (quantize, dequantize-reduce, dequantize)
+comm_s              seconds in the collectives: issuing them, and waiting for them; with
+                    chunked pipelining, only the part not hidden behind the codec
+total_s             seconds of the whole call (includes padding and copies)
+
+Time is host wall-clock (``time.perf_counter``).  On CPU the ops are synchronous, so it
+is what each step costs.  On CUDA the ops are asynchronous: without
+``FP4QUANT_COMM_TIMING=1`` (or ``set_timing(True)``) the times are the host time to
+launch the kernels and collectives, not their GPU duration; with it, every timed step
+ends with a ``torch.cuda.synchronize()`` (exact, but it serializes the pipeline).  The
+fast path never synchronizes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+FIELDS = ("calls", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "total_s")
+
+
+def _new() -> dict[str, float]:
+    return {f: 0 if f in ("calls", "bytes_sent", "bytes_uncompressed") else 0.0 for f in FIELDS}
+
+
+_STATS: defaultdict[str, dict[str, float]] = defaultdict(_new)
+_TIMING = {"sync": os.environ.get("FP4QUANT_COMM_TIMING", "") not in ("", "0")}
+
+
+def stats() -> dict[str, dict[str, Any]]:
+    """A copy of the counters: ``{direction: {calls, bytes_sent, bytes_uncompressed,
+    quantize_s, comm_s, total_s}}`` (see the module doc for what each counts)."""
+    return copy.deepcopy(dict(_STATS))
+
+
+def reset_stats() -> None:
+    """Clear all counters."""
+    _STATS.clear()
+
+
+def set_timing(sync: bool) -> None:
+    """On CUDA, synchronize around timed steps so that the times are GPU durations."""
+    _TIMING["sync"] = bool(sync)
+
+
+class Recorder:
+    """Accumulates one call's counters; ``commit()`` adds them to the direction's totals."""
+
+    __slots__ = ("direction", "cuda", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "start")
+
+    def __init__(self, direction: str, device: torch.device) -> None:
+        self.direction = direction
+        self.cuda = device.type == "cuda" and _TIMING["sync"]
+        self.bytes_sent = 0
+        self.bytes_uncompressed = 0
+        self.quantize_s = 0.0
+        self.comm_s = 0.0
+        self.start = time.perf_counter()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @contextmanager
+    def codec(self) -> Iterator[None]:
+        t = self._now()
+        yield
+        self.quantize_s += self._now() - t
+
+    @contextmanager
+    def comm(self) -> Iterator[None]:
+        t = self._now()
+        yield
+        self.comm_s += self._now() - t
+
+    def commit(self) -> None:
+        s = _STATS[self.direction]
+        s["calls"] += 1
+        s["bytes_sent"] += int(self.bytes_sent)
+        s["bytes_uncompressed"] += int(self.bytes_uncompressed)
+        s["quantize_s"] += self.quantize_s
+        s["comm_s"] += self.comm_s
+        s["total_s"] += time.perf_counter() - self.start

@@ -1,0 +1,131 @@
+"""Argument checks of the collectives, and the optional cross-rank validation.
+
+Local checks (a non-float tensor, a bad ``op`` or ``algorithm``, inconsistent shapes)
+raise before any communication.  With validation on (``validate=True`` or the
+environment variable ``FP4QUANT_VALIDATE=1``) the ranks first exchange a small record
+(collective, shapes, dtype, device type, config, op, algorithm, chunking, and any local
+argument error) with ``all_gather_object``; then every rank raises the same
+``ValueError`` naming the first rank (in group order) that differs from rank 0 and the
+field where it differs; a rank whose own arguments were bad raises its own error
+(``TypeError`` for a bad dtype) and the others a ``ValueError`` naming it, so a mistake
+on one rank never leaves the others hanging.  Without validation the fast path adds no
+collective.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..format.config import QuantConfig
+from ..format.packed import FLOAT_DTYPES
+
+OPS = ("sum", "avg")
+ALGORITHMS = ("two_shot", "one_shot", "auto")
+_TRUE = ("1", "true", "yes", "on")
+
+
+def enabled(validate: bool | None) -> bool:
+    if validate is not None:
+        return bool(validate)
+    return os.environ.get("FP4QUANT_VALIDATE", "").strip().lower() in _TRUE
+
+
+def resolve_config(config: QuantConfig | str | None) -> QuantConfig | None:
+    """None for an uncompressed collective (None or the bf16 preset), else the config."""
+    if config is None:
+        return None
+    if isinstance(config, str):
+        config = QuantConfig.preset(config)
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, a preset name or None, got {type(config).__name__}")
+    return config if config.compressed else None
+
+
+def resolve_op(op: Any) -> str:
+    if op == dist.ReduceOp.SUM:
+        return "sum"
+    if op == dist.ReduceOp.AVG:
+        return "avg"
+    if isinstance(op, str) and op.lower() in OPS:
+        return op.lower()
+    raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+
+
+def check_tensor(t: Any, what: str, compressed: bool) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if compressed and t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{what} must be float32, bfloat16 or float16 for a compressed collective, got {t.dtype}")
+    if not compressed and not t.dtype.is_floating_point:
+        raise TypeError(f"{what} must be a floating-point tensor, got {t.dtype}")
+
+
+def check_algorithm(algorithm: Any) -> None:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+def check_chunk_bytes(chunk_bytes: Any) -> None:
+    if chunk_bytes is None or chunk_bytes == "auto":
+        return
+    if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be None, 'auto' or a positive int, got {chunk_bytes!r}")
+
+
+def record(collective: str, config: QuantConfig | None, **fields: Any) -> dict[str, Any]:
+    """What every rank must agree on, as plain picklable values."""
+    rec: dict[str, Any] = {"collective": collective}
+    for k, v in fields.items():
+        if isinstance(v, torch.Tensor):
+            rec[f"{k}.shape"] = tuple(v.shape)
+            rec[f"{k}.dtype"] = str(v.dtype)
+            rec[f"{k}.device"] = v.device.type
+        else:
+            rec[k] = v
+    rec["config"] = None if config is None else config.to_dict()
+    return rec
+
+
+def _difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """The first field where record ``b`` differs from record ``a``, as text."""
+    for key in list(a) + [k for k in b if k not in a]:
+        va, vb = a.get(key), b.get(key)
+        if va == vb:
+            continue
+        if key == "config" and isinstance(va, dict) and isinstance(vb, dict):
+            for f in va:
+                if va[f] != vb.get(f):
+                    return f"config.{f}: {vb.get(f)!r} (rank 0: {va[f]!r})"
+        return f"{key}: {vb!r} (rank 0: {va!r})"
+    return None
+
+
+def exchange(group: dist.ProcessGroup | None, rec: dict[str, Any], error: Exception | None) -> None:
+    """All ranks of ``group`` compare their records; raise the same error on every rank
+    when they disagree or when any rank's arguments were bad."""
+    name = rec["collective"]
+    mine = dict(rec, error=None if error is None else (type(error).__name__, str(error)))
+    world = dist.get_world_size(group)
+    records: list[Any] = [None] * world
+    dist.all_gather_object(records, mine, group=group)
+
+    def rank_name(r: int) -> str:
+        g = r if group is None else dist.get_global_rank(group, r)
+        return f"rank {r}" + (f" (global rank {g})" if g != r else "")
+
+    for r, other in enumerate(records):
+        if other["error"] is not None:
+            if error is not None:
+                raise error
+            kind, msg = other["error"]
+            raise ValueError(f"fp4quant.comm.{name}: {rank_name(r)} rejected its arguments ({kind}: {msg})")
+    for r, other in enumerate(records[1:], start=1):
+        other = {k: v for k, v in other.items() if k != "error"}
+        first = {k: v for k, v in records[0].items() if k != "error"}
+        diff = _difference(first, other)
+        if diff is not None:
+            raise ValueError(f"fp4quant.comm.{name}: {rank_name(r)} differs from rank 0 in {diff}")

@@ -1,0 +1,24 @@
+"""Tensor parallelism (Megatron-style) whose communication goes through fp4quant.comm.
+
+mesh          the world as DP x TP process groups
+communicator  TPCommunicator: owns both directions of TP traffic (forward activations,
+              backward input gradients), each compressed or not with its own config
+mappings      the conjugate autograd functions (copy/reduce, gather/scatter)
+layers        ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+              vocab_parallel_cross_entropy
+"""
+
+from .communicator import CommConfig, TPCommunicator
+from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, vocab_parallel_cross_entropy
+from .mesh import ParallelMesh, init_mesh
+
+__all__ = [
+    "ColumnParallelLinear",
+    "CommConfig",
+    "ParallelMesh",
+    "RowParallelLinear",
+    "TPCommunicator",
+    "VocabParallelEmbedding",
+    "init_mesh",
+    "vocab_parallel_cross_entropy",
+]

@@ -1,0 +1,113 @@
+"""TPCommunicator: the one place tensor-parallel traffic goes through.
+
+It owns both directions: the forward all-reduce of activations after row-parallel
+layers ("fwd") and the backward all-reduce of input gradients before column-parallel
+layers ("bwd") -- and, with sequence parallelism, the all-gathers and reduce-scatters
+that replace them.  Each direction is compressed or not on its own, with its own
+QuantConfig (stochastic rounding suits gradients), and is counted under its own key in
+fp4quant.comm.stats().
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..format.config import QuantConfig
+
+COMPRESS_CHOICES = ("none", "fwd", "bwd", "both")
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    """How TP traffic is sent.  ``fwd`` / ``bwd``: the QuantConfig of each direction, or None
+    for uncompressed; ``algorithm`` and ``chunk_bytes`` as in fp4quant.comm.all_reduce."""
+
+    fwd: QuantConfig | None = None
+    bwd: QuantConfig | None = None
+    algorithm: str = "two_shot"
+    chunk_bytes: int | None = comm.DEFAULT_CHUNK_BYTES
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_preset(cls, preset: str, compress: str = "both", stochastic_backward: bool = True, **kwargs) -> CommConfig:
+        """``preset`` (e.g. "fp4quant", "bf16") applied to the directions ``compress`` names."""
+        if compress not in COMPRESS_CHOICES:
+            raise ValueError(f"compress must be one of {COMPRESS_CHOICES}, got {compress!r}")
+        config = QuantConfig.preset(preset)
+        if not config.compressed:
+            return cls(**kwargs)
+        fwd = config if compress in ("fwd", "both") else None
+        bwd = None
+        if compress in ("bwd", "both"):
+            bwd = config.replace(rounding="stochastic") if stochastic_backward else config
+            if stochastic_backward and bwd.micro_scale in ("e4m3", "fp16", "e8m0"):
+                bwd = bwd.replace(scale_round="up")  # no saturation: stochastic rounding stays unbiased
+        return cls(fwd=fwd, bwd=bwd, **kwargs)
+
+
+class TPCommunicator:
+    """Collectives of one tensor-parallel group.  With TP = 1 nothing is sent (and nothing compressed)."""
+
+    def __init__(self, group: dist.ProcessGroup | None, config: CommConfig | None = None):
+        self.group = group
+        self.config = config or CommConfig()
+        self.world = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
+        self.rank = dist.get_rank(group) if group is not None and dist.is_initialized() else 0
+        self.virtual = False
+
+    @classmethod
+    def virtual_group(cls, world: int, rank: int = 0) -> TPCommunicator:
+        """A stand-in for rank ``rank`` of a group of ``world`` that cannot communicate: for
+        building models on the meta device to size them (fp4quant.models.memory)."""
+        c = cls(None)
+        c.world, c.rank, c.virtual = world, rank, True
+        return c
+
+    def _check_real(self) -> None:
+        if self.virtual:
+            raise RuntimeError("a virtual TPCommunicator (for sizing models) cannot communicate")
+
+    def _config(self, direction: str) -> QuantConfig | None:
+        return self.config.fwd if direction == "fwd" else self.config.bwd
+
+    def all_reduce(self, x: torch.Tensor, direction: str) -> torch.Tensor:
+        """Sum over the group, in place; returns x."""
+        self._check_real()
+        if self.world > 1:
+            comm.all_reduce(x, self._config(direction), self.group, algorithm=self.config.algorithm,
+                            chunk_bytes=self.config.chunk_bytes, direction=direction, seed=self.config.seed)
+        return x
+
+    def all_gather(self, x: torch.Tensor, direction: str) -> torch.Tensor:
+        """Concatenate the ranks' x along dim 0."""
+        self._check_real()
+        if self.world == 1:
+            return x
+        out = x.new_empty((self.world * x.shape[0], *x.shape[1:]))
+        comm.all_gather(out, x.contiguous(), self._config(direction), self.group,
+                        chunk_bytes=self.config.chunk_bytes, direction=direction, seed=self.config.seed)
+        return out
+
+    def reduce_scatter(self, x: torch.Tensor, direction: str) -> torch.Tensor:
+        """Sum over the group and keep this rank's slice of dim 0."""
+        self._check_real()
+        if self.world == 1:
+            return x
+        if x.shape[0] % self.world:
+            raise ValueError(f"dim 0 ({x.shape[0]}) is not divisible by the TP size {self.world}")
+        out = x.new_empty((x.shape[0] // self.world, *x.shape[1:]))
+        comm.reduce_scatter(out, x.contiguous(), self._config(direction), self.group,
+                            chunk_bytes=self.config.chunk_bytes, direction=direction, seed=self.config.seed)
+        return out
+
+    def all_reduce_exact(self, x: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        """Uncompressed all-reduce for the small, exact reductions (softmax statistics, norms)."""
+        self._check_real()
+        if self.world > 1:
+            dist.all_reduce(x, op=op, group=self.group)
+        return x

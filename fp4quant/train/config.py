@@ -1,0 +1,99 @@
+"""TrainConfig: every option of a training run, validated before any process group exists."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..format.config import PRESETS
+from ..models.config import MODEL_PRESETS, ModelConfig
+from ..parallel.communicator import COMPRESS_CHOICES
+
+
+class ConfigError(ValueError):
+    """A bad training configuration, reported in one line before anything starts."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    out: str
+    model: str = "tiny"  # a preset name, or a Hugging Face folder to start from
+    tp: int = 1
+    comm: str = "bf16"  # the QuantConfig preset of TP traffic
+    compress: str = "both"  # which directions use it: none, fwd, bwd, both
+    algorithm: str = "two_shot"
+    stochastic_backward: bool = True
+    sequence_parallel: bool = False
+    steps: int = 300
+    seq_len: int = 256
+    batch_size: int = 4  # sequences per data-parallel rank per step
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int | None = None  # steps of linear warmup; default: a tenth of the steps
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    seed: int = 0
+    data: str = "data/tokens/shakespeare-bytes"
+    activation_checkpointing: bool = False
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    eval_batches: int = 8
+    device: str = "auto"  # auto (CUDA when available), cpu, cuda
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ConfigError(msg)
+
+        need(self.comm in PRESETS, f"--comm must be a preset ({', '.join(PRESETS)}), got {self.comm!r}")
+        need(self.compress in COMPRESS_CHOICES, f"--compress must be one of {COMPRESS_CHOICES}, got {self.compress!r}")
+        need(self.algorithm in ("two_shot", "one_shot", "auto"), f"--algorithm must be two_shot, one_shot or auto, got {self.algorithm!r}")
+        need(self.device in ("auto", "cpu", "cuda"), f"--device must be auto, cpu or cuda, got {self.device!r}")
+        for name in ("tp", "steps", "seq_len", "batch_size", "checkpoint_every", "keep_checkpoints"):
+            need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        need(self.lr > 0, f"--lr must be > 0, got {self.lr}")
+        need(0 <= self.min_lr_ratio <= 1, f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.warmup is None:
+            object.__setattr__(self, "warmup", self.steps // 10)
+        need(0 <= self.warmup <= self.steps, f"--warmup must be in [0, steps={self.steps}], got {self.warmup}")
+        need(self.weight_decay >= 0 and self.clip > 0, "--weight-decay must be >= 0 and --clip > 0")
+        need(self.eval_batches >= 0, f"--eval-batches must be >= 0, got {self.eval_batches}")
+        need(self.model in MODEL_PRESETS or Path(self.model, "config.json").exists(),
+             f"--model must be a preset ({', '.join(MODEL_PRESETS)}) or a Hugging Face folder, got {self.model!r}")
+
+    def model_config(self) -> ModelConfig:
+        if self.model in MODEL_PRESETS:
+            return ModelConfig.preset(self.model)
+        import json
+
+        return ModelConfig.from_hf(json.loads(Path(self.model, "config.json").read_text()))
+
+    def check_world(self, world: int, vocab_size: int | None = None) -> None:
+        """Everything that can be checked before a process group exists."""
+        if world % self.tp:
+            raise ConfigError(f"world size {world} is not divisible by --tp {self.tp}")
+        cfg = self.model_config()
+        try:
+            cfg.check_tp(self.tp)
+        except ValueError as exc:
+            raise ConfigError(f"--tp {self.tp} does not fit --model {self.model}: {exc}") from None
+        if self.seq_len > cfg.max_position:
+            raise ConfigError(f"--seq-len {self.seq_len} exceeds the model's max_position {cfg.max_position}")
+        if self.sequence_parallel and self.seq_len % self.tp:
+            raise ConfigError(f"--sequence-parallel needs --seq-len ({self.seq_len}) divisible by --tp ({self.tp})")
+        meta = Path(self.data, "meta.json")
+        if not meta.exists():
+            raise ConfigError(f"no prepared data at {self.data} (run `python -m fp4quant.data prepare --out {self.data}`)")
+        if vocab_size is not None and vocab_size > cfg.vocab_size:
+            raise ConfigError(f"the data's vocabulary ({vocab_size}) is larger than the model's ({cfg.vocab_size})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def world_from_env() -> int:
+    """WORLD_SIZE as torchrun sets it (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))

@@ -1,0 +1,268 @@
+"""The training loop: tensor + data parallel Qwen2 with compressed TP communication.
+
+One step: each DP rank reads its batch (a pure function of the step), runs forward and
+backward (TP traffic through the TPCommunicator, compressed as configured), reduces
+replicated-parameter gradients over TP under sequence parallelism, averages gradients
+over DP (uncompressed), clips by the global norm, and takes an AdamW step with a
+warmup + cosine learning rate.  Rank 0 appends one JSON line per step to log.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+import dataclasses
+
+from .. import comm
+from ..comm.plan import mix64, reset_streams
+from ..data import TokenDataset
+from ..models import Qwen2ForCausalLM
+from ..models.hf import load_safetensors
+from ..models.init import initialize
+from ..parallel import CommConfig, ParallelMesh, TPCommunicator, init_mesh
+from ..provenance import atomic_write_json, atomic_write_text, provenance
+from . import checkpoint
+from .config import TrainConfig
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Linear warmup to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at the last step."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _mix(seed: int, step: int) -> int:
+    return mix64(seed ^ mix64(step + 0x9E3779B97F4A7C15))
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+                                   else "cpu")
+        if dist.is_initialized():
+            self.mesh = init_mesh(cfg.tp)
+        else:
+            self.mesh = ParallelMesh.single()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(int(__import__("os").environ.get("LOCAL_RANK", "0")))
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.is_logger = self.mesh.rank == 0
+        self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
+                                                  algorithm=cfg.algorithm, seed=cfg.seed)
+        self.tp = TPCommunicator(self.mesh.tp_group, self.comm_config)
+        self.data = TokenDataset(cfg.data)
+        self.model = self._build_model()
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+        )
+        self.replicated = {id(p) for p in self.model.replicated_parameters()}
+        self.step = 0
+        self.tokens_per_step = self.mesh.dp * cfg.batch_size * cfg.seq_len
+
+    # ---- setup -------------------------------------------------------------------------
+
+    def _build_model(self) -> Qwen2ForCausalLM:
+        cfg = self.cfg
+        model = Qwen2ForCausalLM(cfg.model_config(), self.tp, cfg.sequence_parallel, cfg.activation_checkpointing)
+        if Path(cfg.model, "config.json").exists():
+            load_safetensors(model, cfg.model)
+        else:
+            initialize(model, cfg.seed)
+        return model.to(self.device)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state() if self.device.type == "cuda" else None,
+            "config": self.cfg.to_dict(),
+            "mesh": {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp},
+        }
+
+    def resume(self) -> bool:
+        """Continue from the last complete checkpoint in ``out``, if there is one."""
+        step = checkpoint.latest_step(self.out)
+        if step is None:
+            return False
+        state = checkpoint.load(self.out, step, self.mesh.rank)
+        if state["mesh"] != {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp}:
+            raise ValueError(f"checkpoint step {step} was written by a {state['mesh']} run, this one is "
+                             f"world={self.mesh.world} tp={self.mesh.tp} dp={self.mesh.dp}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng_cpu"])
+        if state["rng_cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng_cuda"])
+        self.step = state["step"]
+        if self.is_logger:  # drop log lines of steps the checkpoint does not contain
+            log = self.out / "log.jsonl"
+            if log.exists():
+                kept = [line for line in log.read_text().splitlines() if line and json.loads(line)["step"] < self.step]
+                atomic_write_text(log, "".join(line + "\n" for line in kept))
+        return True
+
+    # ---- one step ----------------------------------------------------------------------
+
+    def _reduce_gradients(self) -> float:
+        """TP reduction of replicated gradients (SP), DP averaging, and the global grad norm."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.model.sp:
+            grads = [p.grad for p in params if id(p) in self.replicated]
+            self._all_reduce_flat(grads, self.mesh.tp_group, 1.0)
+        if self.mesh.dp > 1:
+            self._all_reduce_flat([p.grad for p in params], self.mesh.dp_group, 1.0 / self.mesh.dp)
+        sharded_sq = sum(float(p.grad.float().pow(2).sum()) for p in params if id(p) not in self.replicated)
+        replicated_sq = sum(float(p.grad.float().pow(2).sum()) for p in params if id(p) in self.replicated)
+        if self.mesh.tp > 1:
+            t = torch.tensor([sharded_sq], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, group=self.mesh.tp_group)
+            sharded_sq = float(t)
+        norm = math.sqrt(sharded_sq + replicated_sq)
+        if norm > self.cfg.clip:
+            for p in params:
+                p.grad.mul_(self.cfg.clip / (norm + 1e-6))
+        return norm
+
+    @staticmethod
+    def _all_reduce_flat(grads: list[torch.Tensor], group, scale: float) -> None:
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        if scale != 1.0:
+            flat.mul_(scale)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def _forward_loss(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return self.model.loss(ids, labels)
+        return self.model.loss(ids, labels)
+
+    def train_step(self) -> dict[str, Any]:
+        cfg = self.cfg
+        lr = lr_at(cfg, self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        # stochastic rounding streams depend on the step only: a resumed run replays them
+        self.tp.config = dataclasses.replace(self.comm_config, seed=_mix(cfg.seed, self.step))
+        reset_streams()
+        before = comm.stats()
+        self._sync()
+        t0 = time.perf_counter()
+        ids, labels = self.data.batch(self.step, self.mesh.dp_rank, self.mesh.dp, cfg.batch_size, cfg.seq_len, cfg.seed)
+        loss = self._forward_loss(ids.to(self.device), labels.to(self.device))
+        loss.backward()
+        grad_norm = self._reduce_gradients()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_value = loss.detach().float()
+        if self.mesh.dp > 1:  # the logged loss is the mean over DP ranks
+            dist.all_reduce(loss_value, group=self.mesh.dp_group)
+            loss_value /= self.mesh.dp
+        self._sync()
+        step_time = time.perf_counter() - t0
+        after = comm.stats()
+        record = {"step": self.step, "loss": float(loss_value), "lr": lr, "grad_norm": grad_norm,
+                  "step_time_s": step_time, "tokens_per_s": self.tokens_per_step / step_time}
+        for direction in ("fwd", "bwd"):
+            a, b = after.get(direction, {}), before.get(direction, {})
+            for key in ("bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "calls"):
+                record[f"{direction}_{key}"] = a.get(key, 0) - b.get(key, 0)
+        self.step += 1
+        return record
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # ---- evaluation, the run ---------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        if self.cfg.eval_batches == 0 or self.data.windows(self.cfg.seq_len, "val") == 0:
+            return None
+        self.model.eval()
+        total = 0.0
+        for i in range(self.cfg.eval_batches):
+            ids, labels = self.data.batch(i, self.mesh.dp_rank, self.mesh.dp, self.cfg.batch_size, self.cfg.seq_len,
+                                          self.cfg.seed, split="val")
+            total += float(self._forward_loss(ids.to(self.device), labels.to(self.device)))
+        self.model.train()
+        t = torch.tensor([total / self.cfg.eval_batches], dtype=torch.float64, device=self.device)
+        if self.mesh.dp > 1:
+            dist.all_reduce(t, group=self.mesh.dp_group)
+        return float(t) / self.mesh.dp
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        resumed_from = self.step if self.resume() else None
+        log = (self.out / "log.jsonl").open("a") if self.is_logger else None
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.comm}", unit="step", file=sys.stderr,
+                   disable=not self.is_logger)
+        self.model.train()
+        while self.step < cfg.steps:
+            record = self.train_step()
+            if log:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            bar.update()
+            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                checkpoint.save(self.out, self.step, self.mesh.rank, self.mesh.world, self._state(), cfg.keep_checkpoints)
+        bar.close()
+        if log:
+            log.close()
+        val_loss = self.evaluate()
+        summary = self.summary(val_loss, resumed_from)
+        if self.is_logger:
+            atomic_write_json(self.out / "summary.json", summary)
+        return summary
+
+    def summary(self, val_loss: float | None, resumed_from: int | None) -> dict[str, Any]:
+        records = [json.loads(line) for line in (self.out / "log.jsonl").read_text().splitlines() if line] \
+            if self.is_logger else []
+        steady = records[len(records) // 10 :] or records  # leave out the first tenth (warm-up of caches)
+        tail = records[-10:]
+
+        def total(key):
+            return sum(r[key] for r in records)
+
+        return {
+            "provenance": provenance(self.device, config=self.cfg.to_dict()),
+            "mesh": {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp,
+                     "backend": dist.get_backend() if dist.is_initialized() else None, "device": self.device.type},
+            "model": self.model.cfg.to_dict(),
+            "comm": {"fwd": str(self.comm_config.fwd), "bwd": str(self.comm_config.bwd), "algorithm": self.cfg.algorithm},
+            "steps": self.step,
+            "resumed_from": resumed_from,
+            "final_loss": sum(r["loss"] for r in tail) / len(tail) if tail else None,
+            "val_loss": val_loss,
+            "tokens_per_s": self.tokens_per_step * len(steady) / sum(r["step_time_s"] for r in steady) if steady else None,
+            "step_time_s": sum(r["step_time_s"] for r in steady) / len(steady) if steady else None,
+            "fwd_bytes_sent": total("fwd_bytes_sent") if records else 0,
+            "bwd_bytes_sent": total("bwd_bytes_sent") if records else 0,
+            "bytes_uncompressed": (total("fwd_bytes_uncompressed") + total("bwd_bytes_uncompressed")) if records else 0,
+        }

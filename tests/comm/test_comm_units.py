@@ -1,0 +1,158 @@
+"""Single-process pieces of fp4quant.comm: planning, streams, auto thresholds, checks, stats."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fp4quant.comm import auto, counters, plan, validate
+from fp4quant.format.config import QuantConfig
+
+COMM = Path(__file__).resolve().parents[2] / "fp4quant" / "comm"
+
+
+def test_shard_values_are_block_multiples_covering_the_tensor():
+    for world in (1, 2, 3, 4, 7, 8):
+        for block in (16, 32, 2048):
+            for n in (1, 17, block, world * block, world * block + 1, 10**6 + 3):
+                S = plan.shard_values(n, world, block)
+                assert S % block == 0 and world * S >= n
+                assert world * S - n < world * block  # at most one padded unit
+    assert plan.shard_values(0, 4, 2048) == 0
+
+
+def test_chunks_tile_the_tensor_on_unit_boundaries():
+    assert plan.chunks(0, 8, 100) == []
+    assert plan.chunks(50, 8, None) == [plan.Chunk(0, 50)]
+    assert plan.chunks(50, 8, 1000) == [plan.Chunk(0, 50)]
+    assert plan.chunks(50, 8, 3) == [plan.Chunk(s, min(8, 50 - s)) for s in range(0, 50, 8)]
+    cs = plan.chunks(100_003, 4096, 20_000)
+    assert all(c.start % 16384 == 0 for c in cs) and sum(c.numel for c in cs) == 100_003
+    assert [c.start for c in cs] == list(range(0, 100_003, 16384))
+    assert plan.chunk_values(None, 4) is None and plan.chunk_values(1 << 20, 4) == 1 << 18
+
+
+def test_default_chunk_policy():
+    MiB = 1 << 20
+    assert plan.default_chunk_bytes(16 * MiB, "cpu") is None
+    assert plan.default_chunk_bytes(64 * MiB, "cpu") == 4 * MiB
+    assert plan.default_chunk_bytes(256 * MiB, "cpu") == 16 * MiB
+    assert plan.default_chunk_bytes(256 * MiB, "cuda") is None
+    assert plan.chunk_values("auto", 4, 16 << 20, torch.device("cpu")) == 1 << 20  # 64 MiB of fp32
+    assert plan.chunk_values("auto", 2, 1000, torch.device("cpu")) is None
+
+
+def test_streams_differ_across_calls_ranks_and_phases():
+    key = object.__new__(type("G", (), {}))  # any weak-referenceable object stands for a group
+    a0, b0 = plan.streams(key, 0, None), plan.streams(key, 0, None)
+    assert a0.seed != b0.seed  # the call counter advances
+    other = type("G2", (), {})()
+    assert plan.streams(other, 1, None).seed == a0.seed  # a fresh group replays from call 0
+    assert plan.streams(type("G3", (), {})(), 0, 5).seed != a0.seed  # a base seed changes the streams
+    assert a0.offset(0) != plan.Streams(a0.seed, 1).offset(0)
+    assert a0.offset(0, requant=True) - a0.offset(0) == plan.REQUANT_BIT
+    assert plan.Streams(0, 2**15 - 1).offset(2**46, True) < 2**64
+    with pytest.raises(ValueError):
+        plan.streams(other, 2**15, None)
+
+
+def test_auto_choice_and_lookup():
+    saved = dict(auto.TABLE)
+    try:
+        auto.set_table({("gloo", 2): auto.Thresholds(1 << 20, 8 << 20), ("gloo", 8): auto.Thresholds(None, None)})
+        assert auto.choose(1000, 2, "gloo") == "uncompressed"
+        assert auto.choose(1 << 20, 2, "gloo") == "one_shot"
+        assert auto.choose(8 << 20, 3, "gloo") == "two_shot"  # nearest measured world size: 2
+        assert auto.choose(1 << 30, 7, "gloo") == "uncompressed"  # nearest: 8, never compresses
+        assert auto.choose(4, 2, "nccl") == "two_shot"  # unmeasured backend: always compress
+    finally:
+        auto.TABLE.clear()
+        auto.TABLE.update(saved)
+
+
+def test_thresholds_from_benchmark_rows():
+    def rows(config, algorithm, lat_by_size, chunk=""):
+        return [
+            {"backend": "gloo", "world_size": 2, "config": config, "algorithm": algorithm,
+             "chunk_bytes": chunk, "size_bytes": s, "latency_s": t}
+            for s, t in lat_by_size.items()
+        ]
+
+    sizes = [1 << k for k in range(12, 20, 2)]
+    data = (
+        rows("none", "ring", dict(zip(sizes, (1.0, 2.0, 4.0, 8.0))))
+        + rows("fp4quant", "one_shot", dict(zip(sizes, (3.0, 1.0, 5.0, 7.0))))  # a lone (noisy) win at 16 KiB
+        + rows("fp4quant", "two_shot", dict(zip(sizes, (4.0, 5.0, 4.5, 5.0))))
+        + rows("fp4quant", "two_shot", dict(zip(sizes, (0.1, 0.1, 0.1, 0.1))), chunk=1 << 20)  # ignored
+    )
+    t = auto.thresholds_from_rows(data, chunk_policy="none")[("gloo", 2)]
+    assert t == auto.Thresholds(compress_min_bytes=1 << 18, two_shot_min_bytes=1 << 16)
+    never = auto.thresholds_from_rows(rows("none", "ring", {4096: 1.0}) + rows("fp4quant", "one_shot", {4096: 2.0})
+                                      + rows("fp4quant", "two_shot", {4096: 3.0}), chunk_policy="none")
+    assert never[("gloo", 2)] == auto.Thresholds(None, None)
+
+
+def test_argument_checks():
+    assert validate.resolve_config(None) is None
+    assert validate.resolve_config("bf16") is None
+    assert validate.resolve_config("fp4quant") == QuantConfig.preset("fp4quant")
+    with pytest.raises(ValueError, match="unknown preset"):
+        validate.resolve_config("fp3")
+    with pytest.raises(TypeError):
+        validate.resolve_config(42)
+    assert validate.resolve_op("SUM") == "sum" and validate.resolve_op(dist.ReduceOp.AVG) == "avg"
+    with pytest.raises(ValueError):
+        validate.resolve_op("max")
+    with pytest.raises(TypeError):
+        validate.check_tensor(torch.ones(3, dtype=torch.int8), "tensor", True)
+    with pytest.raises(TypeError):
+        validate.check_tensor(torch.ones(3, dtype=torch.float64), "tensor", True)
+    validate.check_tensor(torch.ones(3, dtype=torch.float64), "tensor", False)
+    with pytest.raises(ValueError):
+        validate.check_chunk_bytes(0)
+    a = validate.record("all_reduce", QuantConfig(), tensor=torch.ones(3), op="sum")
+    b = validate.record("all_reduce", QuantConfig(group=256), tensor=torch.ones(3), op="sum")
+    assert validate._difference(a, a) is None
+    assert validate._difference(a, b).startswith("config.group: 256")
+
+
+def test_validate_env(monkeypatch):
+    monkeypatch.setenv("FP4QUANT_VALIDATE", "1")
+    assert validate.enabled(None) and not validate.enabled(False)
+    monkeypatch.setenv("FP4QUANT_VALIDATE", "0")
+    assert not validate.enabled(None) and validate.enabled(True)
+
+
+def test_stats_recorder():
+    counters.reset_stats()
+    rec = counters.Recorder("fwd", torch.device("cpu"))
+    with rec.codec():
+        pass
+    with rec.comm():
+        pass
+    rec.bytes_sent, rec.bytes_uncompressed = 10, 40
+    rec.commit()
+    s = counters.stats()
+    assert s["fwd"]["calls"] == 1 and s["fwd"]["bytes_sent"] == 10 and s["fwd"]["bytes_uncompressed"] == 40
+    s["fwd"]["calls"] = 99  # a copy
+    assert counters.stats()["fwd"]["calls"] == 1
+    counters.reset_stats()
+    assert counters.stats() == {}
+
+
+def test_layering():
+    """comm builds on format/ops/reference/provenance only, never on parallel/models/train."""
+    allowed = {"format", "ops", "reference", "provenance"}
+    for path in COMM.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2:  # from ..x import y / from .. import x
+                first = node.module.split(".")[0] if node.module else None
+                targets = {first} if first else {a.name for a in node.names}
+                assert targets <= allowed, (path.name, node.module, [a.name for a in node.names])
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                assert not any(n.startswith(("fp4quant.parallel", "fp4quant.models", "fp4quant.train")) for n in names)

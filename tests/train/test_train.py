@@ -1,0 +1,174 @@
+"""Training: TP equivalence, compressed convergence, resume after a real kill, configuration errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distributed import REPO, free_port, run_ranks
+from fp4quant.train import ConfigError, TrainConfig, lr_at
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from fp4quant.data import prepare
+
+    out = tmp_path_factory.mktemp("tokens")
+    prepare(out)
+    return str(out)
+
+
+def short(data, out, **kw):
+    base = dict(out=str(out), data=data, model="tiny", steps=6, seq_len=64, batch_size=2, checkpoint_every=100,
+                eval_batches=1)
+    return {**base, **kw}
+
+
+def test_tp2_matches_tp1_uncompressed(data, tmp_path):
+    one = run_ranks("train.rank_jobs:train", 1, short(data, tmp_path / "tp1", tp=1))[0]
+    two = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "tp2", tp=2))[0]
+    assert len(one["losses"]) == 6
+    for a, b in zip(one["losses"], two["losses"]):
+        assert abs(a - b) < 2e-5 * abs(a), (one["losses"], two["losses"])
+
+
+@pytest.mark.slow
+def test_sequence_parallel_and_activation_checkpointing_match(data, tmp_path):
+    base = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "a", tp=2))[0]["losses"]
+    sp = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "b", tp=2, sequence_parallel=True,
+                                                     activation_checkpointing=True))[0]["losses"]
+    for a, b in zip(base, sp):
+        assert abs(a - b) < 2e-5 * abs(a)
+
+
+@pytest.mark.slow
+def test_data_parallel_replicas_stay_identical(data, tmp_path):
+    results = run_ranks("train.rank_jobs:train", 4, short(data, tmp_path / "dp", tp=2, comm="fp4quant", steps=3),
+                        timeout=240)
+    by_tp = {}
+    for r in results:
+        by_tp.setdefault(r["mesh"][0], set()).add(r["checksum"])
+    assert all(len(v) == 1 for v in by_tp.values())  # each TP shard is identical across DP replicas
+    assert results[0]["summary"]["mesh"] == {"world": 4, "tp": 2, "dp": 2, "backend": "gloo", "device": "cpu"}
+
+
+@pytest.mark.slow
+def test_fp4quant_loss_falls_and_tracks_bf16(data, tmp_path):
+    kw = dict(tp=2, steps=40, warmup=4)
+    bf16 = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "bf16", comm="bf16", **kw), timeout=300)[0]
+    fp4 = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "fp4", comm="fp4quant", **kw), timeout=300)[0]
+    a, b = bf16["losses"], fp4["losses"]
+    assert sum(b[-5:]) / 5 < 0.8 * sum(b[:5]) / 5  # it learns
+    assert abs(sum(b[-5:]) - sum(a[-5:])) / sum(a[-5:]) < 0.05  # and stays close to BF16
+    s = fp4["summary"]
+    assert 0 < s["fwd_bytes_sent"] < s["bytes_uncompressed"] / 2 / 2  # fwd alone is half the traffic, 4x smaller
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(out="x", steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
+    assert lr_at(cfg, 0) == pytest.approx(0.1) and lr_at(cfg, 9) == pytest.approx(1.0)
+    assert lr_at(cfg, 10) == pytest.approx(1.0) and lr_at(cfg, 100) == pytest.approx(0.1)
+    assert all(lr_at(cfg, s) >= lr_at(cfg, s + 1) for s in range(10, 100))
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(comm="fp3"), "--comm must be a preset"),
+        (dict(compress="left"), "--compress must be one of"),
+        (dict(steps=0), "--steps must be >= 1"),
+        (dict(warmup=500), "--warmup must be in"),
+        (dict(model="gpt"), "--model must be a preset"),
+        (dict(device="tpu"), "--device must be"),
+    ],
+)
+def test_bad_options_are_one_line_errors(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(out="x", **kw)
+
+
+def test_layout_errors_before_any_process_group(data):
+    with pytest.raises(ConfigError, match="world size 3 is not divisible by --tp 2"):
+        TrainConfig(out="x", tp=2, data=data).check_world(3)
+    with pytest.raises(ConfigError, match="--tp 3 does not fit --model tiny"):
+        TrainConfig(out="x", tp=3, data=data).check_world(3)
+    with pytest.raises(ConfigError, match="no prepared data"):
+        TrainConfig(out="x", data="/nonexistent").check_world(1)
+    with pytest.raises(ConfigError, match="divisible by --tp"):
+        TrainConfig(out="x", tp=2, seq_len=63, sequence_parallel=True, data=data).check_world(2)
+
+
+def torchrun(args: list[str], nproc: int = 2, **popen) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+           str(free_port()), "-m", "fp4quant.train", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True, **popen)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once (torchrun's workers live in their own sessions)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_cli_reports_a_bad_layout_in_one_line(data):
+    p = torchrun(["--model", "tiny", "--tp", "4", "--out", "/tmp/never", "--data", data], nproc=2,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    assert "fp4quant.train: error: world size 2 is not divisible by --tp 4" in err
+
+
+@pytest.mark.slow
+def test_resume_after_kill_reproduces_the_uninterrupted_losses(data, tmp_path):
+    args = ["--model", "tiny", "--tp", "2", "--comm", "fp4quant", "--steps", "10", "--seq-len", "64",
+            "--batch-size", "2", "--checkpoint-every", "3", "--eval-batches", "0", "--data", data]
+    straight = torchrun(args + ["--out", str(tmp_path / "straight")], stderr=subprocess.DEVNULL)
+    assert straight.wait(timeout=300) == 0
+    want = [json.loads(x)["loss"] for x in (tmp_path / "straight" / "log.jsonl").read_text().splitlines()]
+
+    run = tmp_path / "killed"
+    first = torchrun(args + ["--out", str(run)], stderr=subprocess.DEVNULL)
+    log = run / "log.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # kill it between checkpoints, mid-run
+        if log.exists() and len(log.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.05)
+    kill_tree(first.pid)
+    first.wait()
+    time.sleep(0.5)  # the workers are gone too: the log stops growing
+    steps_done = len(log.read_text().splitlines())
+    time.sleep(1.0)
+    assert len(log.read_text().splitlines()) == steps_done  # nothing survived the kill
+    assert 5 <= steps_done < 10
+    second = torchrun(args + ["--out", str(run)], stderr=subprocess.DEVNULL)
+    assert second.wait(timeout=300) == 0
+    got = [json.loads(x)["loss"] for x in log.read_text().splitlines()]
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == list(range(10))
+    assert got == want  # bit-identical losses
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed_from"] in (3, 6, 9) and summary["provenance"]["commit"]
+    assert summary["provenance"]["config"]["comm"] == "fp4quant"

@@ -1,0 +1,91 @@
+"""The Snakemake workflow: dry runs of every target, and the whole pipeline at CI scale."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fp4quant.analysis.tables import number
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+FIGURES = ["throughput", "kernels", "allreduce", "convergence", "error"]
+TABLES = ["formats", "ablation", "end_to_end"]
+
+
+def snakemake(*args, cwd, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "target", ["figures/throughput.pdf", "all", "ablation_no_fwht", "ablation_single_scale", "ablation_naive_pack"]
+)
+@pytest.mark.parametrize("config", ["default", "h100"])
+def test_dry_run(target, config, tmp_path):
+    r = snakemake(target, "-n", "--cores", "2", "--configfile", str(REPO / f"workflow/config/{config}.yaml"),
+                  cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    assert "train" in out and "build_extension" in out
+    if target == "all":
+        for name in FIGURES:
+            assert f"figures/{name}.pdf" in out
+    if target.startswith("ablation_"):  # an ablation trains the full method and itself only
+        comm = target.removeprefix("ablation_")
+        assert re.search(rf"runs/[\w.-]+/{comm}/seed0/summary.json", out)
+        assert "runs/tiny/bf16" not in out and "runs/qwen-7b/bf16" not in out
+
+
+def test_invalid_configuration_is_rejected(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / "workflow/config/ci.yaml").read_text().replace("tp: 2", "tp: zero"))
+    r = snakemake("-n", "--cores", "1", "--configfile", str(bad), cwd=tmp_path, timeout=120)
+    assert r.returncode != 0 and "tp" in (r.stdout + r.stderr)
+
+
+def table_rows(tex: Path) -> list[list[str]]:
+    body = tex.read_text().split("\\hline")[2]
+    return [[c.strip().replace("\\_", "_") for c in line.rstrip("\\ ").split("&")]
+            for line in body.strip().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_whole_pipeline_at_ci_scale(tmp_path):
+    r = snakemake("--cores", "2", "--configfile", str(REPO / "workflow/config/ci.yaml"), cwd=tmp_path, timeout=1500)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for name in FIGURES:
+        pdf = tmp_path / "figures" / f"{name}.pdf"
+        assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 5000
+    results = tmp_path / "data" / "ci" / "results"
+    assert (tmp_path / "data" / "ci" / "tests" / "junit.xml").read_text().count("testcase") > 5
+
+    # the tables' numbers are the CSVs' numbers
+    training = pd.read_csv(results / "training.csv")
+    rows = {r[0]: r for r in table_rows(tmp_path / "paper/tables/end_to_end.tex")}
+    assert set(rows) == set(training.comm)
+    for t in training.itertuples():
+        assert rows[t.comm][1:5] == [number(t.tokens_per_s, ".1f"), number(t.speedup_vs_bf16, ".3f"),
+                                     number(t.final_loss, ".4f"), number(t.val_loss, ".4f")]
+    error = pd.read_csv(results / "error.csv")
+    presets = error[error.study == "presets"]
+    for row in table_rows(tmp_path / "paper/tables/formats.tex"):
+        g = presets[presets.config == row[0]].sort_values("kind")
+        assert row[1] == number(g.bits_per_value.iloc[0], ".3f")
+        assert row[3:] == [number(v, ".2f") for v in g.sqnr_db]
+    ablation = pd.read_csv(results / "ablation.csv")
+    tex = table_rows(tmp_path / "paper/tables/ablation.tex")
+    assert len(tex) == len(ablation)
+    for row, a in zip(tex, ablation.itertuples()):
+        assert row == [a.ablation, a.measure, number(a.fp4quant, ".4g"), number(a.ablated, ".4g"), number(100 * a.change, "+.1f")]
+
+    # a rerun has nothing to do; removing one output redoes just what depends on it
+    r = snakemake("-n", "--cores", "2", "--configfile", str(REPO / "workflow/config/ci.yaml"), cwd=tmp_path)
+    assert "Nothing to be done" in r.stdout + r.stderr
+    (tmp_path / "figures" / "error.pdf").unlink()
+    r = snakemake("-n", "--cores", "2", "--configfile", str(REPO / "workflow/config/ci.yaml"), cwd=tmp_path)
+    assert "figure" in r.stdout and "train " not in r.stdout

@@ -1,0 +1,46 @@
+# Codec error, kernel throughput and collective latency.  Timed rules take every core
+# (threads: workflow.cores), so no other job runs beside them and skews the timings.
+
+
+rule error_benchmark:
+    input:
+        rules.build_extension.output.info,
+    output:
+        csv=f"{OUT}/bench/error.csv",
+    log:
+        f"{OUT}/logs/error_benchmark.log",
+    params:
+        numel=4096 * 16 if QUICK else config["bench"].get("error_numel", 1 << 20),
+        seeds=1 if QUICK else config["bench"].get("error_seeds", 3),
+    shell:
+        "{PY} -m fp4quant.bench.error --out {output.csv} --numel {params.numel} --seeds {params.seeds} 2> {log}"
+
+
+rule kernel_benchmark:
+    input:
+        rules.build_extension.output.info,
+    output:
+        csv=f"{OUT}/bench/kernels.csv",
+    log:
+        f"{OUT}/logs/kernel_benchmark.log",
+    params:
+        device=config["bench"]["kernels_device"],
+        quick="--quick" if QUICK else "",
+    threads: workflow.cores
+    shell:
+        "{PY} -m fp4quant.bench.kernels --device {params.device} --out {output.csv} {params.quick} 2> {log}"
+
+
+rule collective_benchmark:
+    input:
+        rules.build_extension.output.info,
+    output:
+        csv=f"{OUT}/bench/collectives.csv",
+    log:
+        f"{OUT}/logs/collective_benchmark.log",
+    params:
+        launch=launcher(config["bench"].get("collectives_nproc", 2)),
+        quick="--quick" if QUICK else "",
+    threads: workflow.cores
+    shell:
+        "{params.launch} -m fp4quant.bench.collectives --out {output.csv} {params.quick} > {log} 2>&1"

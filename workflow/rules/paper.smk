@@ -1,0 +1,42 @@
+# Figures (seaborn) and LaTeX tables from the tidy CSVs; the paper PDF where latexmk exists.
+
+RESULTS = f"{OUT}/results"
+
+
+rule figure:
+    input:
+        rules.collect_results.output,
+    output:
+        "figures/{name}.pdf",
+    wildcard_constraints:
+        name="|".join(FIGURE_NAMES),
+    log:
+        f"{OUT}/logs/figure_{{name}}.log",
+    shell:
+        "{PY} -m fp4quant.analysis figure {wildcards.name} --results {RESULTS} --profile {PROFILE} --out {output} 2> {log}"
+
+
+rule table:
+    input:
+        rules.collect_results.output,
+    output:
+        "paper/tables/{name}.tex",
+    wildcard_constraints:
+        name="|".join(TABLE_NAMES),
+    log:
+        f"{OUT}/logs/table_{{name}}.log",
+    shell:
+        "{PY} -m fp4quant.analysis table {wildcards.name} --results {RESULTS} --profile {PROFILE} --out {output} 2> {log}"
+
+
+rule paper_pdf:
+    input:
+        FIGURES,
+        TABLES,
+        tex="paper/main.tex",
+    output:
+        "paper/main.pdf",
+    log:
+        f"{OUT}/logs/paper_pdf.log",
+    shell:
+        "cd paper && latexmk -pdf -interaction=nonstopmode main.tex > ../{log} 2>&1"

@@ -1,0 +1,47 @@
+# Every raw log into tidy CSVs (data/<profile>/results/), and one target per ablation.
+
+
+rule collect_results:
+    input:
+        runs=expand(f"{OUT}/runs/{MODEL}/{{comm}}/seed{{seed}}/summary.json", comm=RUN_COMMS, seed=TRAIN["seeds"]),
+        error=rules.error_benchmark.output.csv,
+        kernels=rules.kernel_benchmark.output.csv,
+        collectives=rules.collective_benchmark.output.csv,
+        tests=rules.unit_tests.output.junit,
+    output:
+        expand(f"{OUT}/results/{{name}}.csv", name=["training", "curves", "error", "kernels", "collectives", "ablation"]),
+    log:
+        f"{OUT}/logs/collect_results.log",
+    params:
+        runs=RUN_DIRS,
+        ablations=ABLATIONS,
+    shell:
+        "{PY} -m fp4quant.analysis collect --profile {PROFILE} --runs {params.runs} --error {input.error}"
+        " --kernels {input.kernels} --collectives {input.collectives} --ablations {params.ablations}"
+        " --out-dir {OUT}/results 2> {log}"
+
+
+def ablation_rule(name):
+    """`snakemake ablation_<name>`: the codec error, kernel speed and training run of one
+    ablation beside the full method's, as data/<profile>/results/ablation_<name>.csv."""
+
+    rule:
+        name:
+            f"ablation_{name}"
+        input:
+            runs=[f"{run_dir(c, s)}/summary.json" for c in ("fp4quant", name) for s in TRAIN["seeds"]],
+            error=rules.error_benchmark.output.csv,
+            kernels=rules.kernel_benchmark.output.csv,
+        output:
+            f"{OUT}/results/ablation_{name}.csv",
+        log:
+            f"{OUT}/logs/ablation_{name}.log",
+        params:
+            runs=[run_dir(c, s) for c in ("fp4quant", name) for s in TRAIN["seeds"]],
+        shell:
+            "{PY} -m fp4quant.analysis ablation " + name + " --profile {PROFILE} --runs {params.runs}"
+            " --error {input.error} --kernels {input.kernels} --out {output} 2> {log}"
+
+
+for _name in ABLATIONS:
+    ablation_rule(_name)

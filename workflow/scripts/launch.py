@@ -1,0 +1,79 @@
+"""Start a distributed job the way the configuration's launcher says, and wait for it.
+
+    python workflow/scripts/launch.py --kind torchrun --nproc-per-node 2 -- -m fp4quant.train ...
+
+torchrun   one node: torchrun --standalone --nproc-per-node P
+srun       inside a SLURM allocation (the workflow's SLURM profile): one srun task per node,
+           each running torchrun --nnodes N with a c10d rendezvous on the first node
+nodelist   plain torchrun over ssh on each of --nodes (the first is the rendezvous host)
+
+The exit status is the job's; on failure or interruption every started process is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+
+def torchrun(nnodes: int, nproc: int, endpoint: str | None, job_id: str, node_rank: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    if nnodes == 1 and endpoint is None:
+        return [*cmd, "--standalone"]
+    cmd += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", job_id]
+    if node_rank is not None:
+        cmd += ["--node-rank", str(node_rank)]
+    return cmd
+
+
+def commands(a, job: list[str]) -> list[list[str]]:
+    if a.kind == "torchrun":
+        return [torchrun(1, a.nproc_per_node, None, "local") + job]
+    if a.kind == "srun":
+        if "SLURM_JOB_ID" not in os.environ:
+            raise SystemExit("launch.py: --kind srun needs a SLURM allocation (run the workflow with its SLURM profile)")
+        head = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                              capture_output=True, text=True, check=True).stdout.split()[0]
+        inner = torchrun(a.nnodes, a.nproc_per_node, f"{head}:{a.port}", os.environ["SLURM_JOB_ID"]) + job
+        return [["srun", "--nodes", str(a.nnodes), "--ntasks-per-node", "1", "--kill-on-bad-exit=1", *inner]]
+    if not a.nodes:
+        raise SystemExit("launch.py: --kind nodelist needs --nodes")
+    endpoint = f"{a.nodes[0]}:{a.port}"
+    cwd = os.getcwd()
+    out = []
+    for rank, node in enumerate(a.nodes):
+        remote = torchrun(len(a.nodes), a.nproc_per_node, endpoint, "fp4quant", rank) + job
+        out.append(["ssh", node, f"cd {shlex.quote(cwd)} && " + shlex.join(remote)])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kind", choices=["torchrun", "srun", "nodelist"], required=True)
+    ap.add_argument("--nproc-per-node", type=int, required=True)
+    ap.add_argument("--nnodes", type=int, default=1)
+    ap.add_argument("--nodes", nargs="*", default=[])
+    ap.add_argument("--port", type=int, default=29500)
+    ap.add_argument("job", nargs=argparse.REMAINDER, help="after --: the module and its arguments")
+    a = ap.parse_args()
+    job = a.job[1:] if a.job[:1] == ["--"] else a.job
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # Snakemake stops jobs with SIGTERM
+    procs = [subprocess.Popen(cmd, start_new_session=True) for cmd in commands(a, job)]
+    try:
+        codes = [p.wait() for p in procs]
+    except BaseException:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            p.wait()
+        raise
+    return next((c for c in codes if c), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
