@@ -25,6 +25,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/build.smk"
 include: "workflow/rules/benchmarks.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/cluster.smk"
 include: "workflow/rules/results.smk"
 include: "workflow/rules/paper.smk"
 

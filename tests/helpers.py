@@ -24,3 +24,28 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     itype = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[a.dtype]
     return torch.equal(a.masked_fill(nan_a, 0).view(itype), b.masked_fill(nan_b, 0).view(itype))
+
+
+# QuantConfig fields beyond the presets that every implementation is checked on
+CONFIG_VARIANTS = [
+    {"scale_round": "up"},
+    {"group": 16},
+    {"group": 128},  # odd power of two: 1/sqrt(128) is inexact
+    {"group": 8192},  # the CUDA fast kernel's largest tile (1024 threads)
+    {"group": 16384},  # CUDA generic kernel, shared memory past 48 KB
+    {"group": 65536},  # CUDA generic kernel, tile staged in global memory
+    {"fwht_seed": None},
+    {"coarse_scale": "tensor"},  # tensor scale with the FWHT: the workspace pre-pass
+    {"coarse_scale": "none", "fwht": "none"},
+    {"micro_group": 32, "group": 1024},
+    {"micro_group": 2, "group": 64},
+    {"element": "int4", "micro_scale": "e4m3"},
+    {"element": "e4m3", "micro_scale": "e4m3"},
+    {"micro_scale": "e8m0", "coarse_scale": "none", "scale_round": "up"},
+    {"micro_scale": "fp16", "coarse_scale": "none", "scale_round": "up"},
+    {"micro_scale": "none", "coarse_scale": "tensor"},
+]
+
+
+def variant_id(d: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in d.items())

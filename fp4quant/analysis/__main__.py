@@ -11,7 +11,7 @@ import pandas as pd
 from ..provenance import atomic_write_csv
 from . import collect, figures, tables
 
-FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error")
+FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection")
 TABLES = ("formats", "ablation", "end_to_end")
 
 
@@ -48,6 +48,8 @@ def cmd_figure(a) -> None:
         figures.kernels(read("kernels"), a.out, a.profile)
     elif a.name == "allreduce":
         figures.allreduce(read("collectives"), a.out, a.profile)
+    elif a.name == "projection":
+        figures.projection(read("projection"), a.out, a.profile)
     elif a.name == "convergence":
         figures.convergence(read("curves"), read("training"), a.out, a.profile)
     else:

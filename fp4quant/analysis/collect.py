@@ -17,6 +17,7 @@ def training(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
         s = json.loads((d / "summary.json").read_text())
         cfg = s["provenance"]["config"]
         rows.append({
+            "network": network(d),
             "profile": profile, "run": str(d), "model": cfg["model"], "comm": cfg["comm"], "compress": cfg["compress"],
             "seed": cfg["seed"], "tp": s["mesh"]["tp"], "dp": s["mesh"]["dp"], "world": s["mesh"]["world"],
             "backend": s["mesh"]["backend"], "device": s["mesh"]["device"], "steps": s["steps"],
@@ -31,6 +32,18 @@ def training(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
     df["speedup_vs_bf16"] = [r.tokens_per_s / base[r.seed] if r.seed in base.index else float("nan")
                              for r in df.itertuples()]
     return df.sort_values(["comm", "seed"]).reset_index(drop=True)
+
+
+def network(run_dir: Path) -> str:
+    """What connected the run's ranks: an emulated cluster's link, or loopback (and why)."""
+    record = run_dir / "cluster.json"
+    if not record.exists():
+        return "loopback"
+    c = json.loads(record.read_text())
+    if not c["emulated"]:
+        return f"loopback (emulated cluster unavailable: {c['reason']})"
+    latency = f", {c['link_latency_ms']:.0f} ms" if c.get("latency_shaped") else ", latency not shaped"
+    return f"emulated {c['nodes']} nodes, {c['link_rate_mbit']:.0f} Mbit/s links{latency}"
 
 
 def curves(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:

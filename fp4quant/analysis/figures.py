@@ -45,7 +45,8 @@ def throughput(training: pd.DataFrame, out, profile: str) -> None:
         ax.annotate(f"{g.speedup_vs_bf16.mean():.2f}x", (i, g.tokens_per_s.mean()), ha="center", va="bottom", fontsize=8)
     first = training.iloc[0]
     ax.set(xlabel="TP communication", ylabel="training tokens / s",
-           title=f"{first.model}, TP={first.tp} x DP={first.dp}, {first.backend}")
+           title=f"{first.model}, TP={first.tp} x DP={first.dp}, {first.backend}\n{first.network}")
+    ax.title.set_fontsize(8)
     ax.tick_params(axis="x", rotation=20)
     _footer(fig, training, profile)
     _save(fig, out)
@@ -107,4 +108,26 @@ def error(df: pd.DataFrame, out, profile: str) -> None:
     ax.tick_params(axis="x", rotation=20)
     ax.legend(fontsize=6, ncol=3)
     _footer(fig, df, profile)
+    _save(fig, out)
+
+
+def projection(df: pd.DataFrame, out, profile: str) -> None:
+    """Left: the step model against the emulated cluster's measured tokens/s.  Right: its
+    projection of FP4Quant's speedup over BF16 for Qwen-7B on H100 nodes, beside the paper's."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    v = df[df.scenario.str.startswith("emulated")]
+    long = pd.concat([v.assign(kind="measured", tps=v.measured_tokens_per_s),
+                      v.assign(kind="predicted", tps=v.predicted_tokens_per_s)])
+    sns.barplot(data=long, x="comm", y="tps", hue="kind", order=_order(v.comm), ax=a)
+    errors = ", ".join(f"{r.comm} {100 * float(r.error):+.0f}%" for r in v.itertuples() if str(r.error) not in ("", "nan"))
+    a.set(xlabel="TP communication", ylabel="tokens / s", title=f"emulated cluster: model vs measured\n({errors})")
+    a.title.set_fontsize(8)
+    a.tick_params(axis="x", rotation=20)
+    p = df[~df.scenario.str.startswith("emulated") & (df.comm == "fp4quant")]
+    b.barh(p.scenario, p.predicted_speedup, color="#4C72B0", label="model (FP4Quant / BF16)")
+    b.axvline(1.56, color="C3", ls="--", label="paper: up to 1.56x")
+    b.axvline(1.0, color="k", lw=0.8)
+    b.set(xlabel="training throughput, FP4Quant over BF16", title="projection: Qwen-7B on H100 nodes")
+    b.legend(fontsize=7)
+    _footer(fig, v, profile)
     _save(fig, out)

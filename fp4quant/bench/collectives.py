@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 -m fp4quant.bench.collectives \
         [--out data/collectives.csv] [--sizes 4096 65536 ...] [--iters 10] [--quick]
 
-Sizes are the bytes of each rank's float32 input tensor (4 KiB .. 256 MiB by default,
+Sizes are the bytes of each rank's input tensor (float32, or --dtype bfloat16; 4 KiB .. 256 MiB by default,
 x4 apart).  Series: the uncompressed all-reduce (``config=none``: torch.distributed's
 all_reduce on the backend), and every compressed preset x algorithm (one_shot,
 two_shot), unchunked and chunked (``chunk_bytes``; at sizes of at least two chunks),
@@ -193,7 +193,10 @@ def report(summary: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="data/collectives.csv")
-    ap.add_argument("--sizes", type=int, nargs="+", default=None, help="fp32 input bytes per rank")
+    ap.add_argument("--sizes", type=int, nargs="+", default=None, help="input bytes per rank")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="input dtype: bfloat16 compares against a BF16 all-reduce, as BF16 training sends")
+    ap.add_argument("--no-chunk-sweep", action="store_true", help="skip the fp4quant chunk-size sweep")
     ap.add_argument("--iters", type=int, default=30, help="timed iterations at small sizes")
     ap.add_argument("--budget-mib", type=int, default=512,
                     help="input MiB timed per series and size (fewer iterations at large sizes)")
@@ -220,19 +223,20 @@ def main(argv=None) -> int:
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     chunked = "auto" if args.chunk_bytes == "auto" else (int(args.chunk_bytes) or None)
-    series_list = series(args.presets, args.algorithms, chunked, args.chunk_sweep)
+    series_list = series(args.presets, args.algorithms, chunked, [] if args.no_chunk_sweep else args.chunk_sweep)
+    dtype = getattr(torch, args.dtype)
     prov = provenance(device, backend=backend, world_size=world, sizes=sizes, iters=args.iters,
                       budget_mib=args.budget_mib, threads_per_rank=torch.get_num_threads(),
                       codec_backend=codec_backend(device), argv=sys.argv[1:] if argv is None else argv)
-    common = {"backend": backend, "world_size": world, "hardware": prov["hardware"], "torch": prov["torch"],
-              "commit": prov["commit"], "codec": prov["codec_backend"]}
+    common = {"backend": backend, "world_size": world, "dtype": args.dtype, "hardware": prov["hardware"],
+              "torch": prov["torch"], "commit": prov["commit"], "codec": prov["codec_backend"]}
     rows: list[dict] = []
     todo = [(size, s) for size in sizes for s in series_list if runs(s, size, device)]
     todo_set = set(todo)
     bar = tqdm(total=len(todo), desc=f"collectives x{world}", unit="run", file=sys.stderr, disable=rank != 0)
     for size in sizes:
-        numel = size // 4
-        src = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(device)
+        numel = size // dtype.itemsize
+        src = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(device=device, dtype=dtype)
         work = torch.empty_like(src)
         iters, warmup = iterations(size, args.iters, args.budget_mib * MIB)
         base = None

@@ -6,6 +6,10 @@ layers ("bwd") -- and, with sequence parallelism, the all-gathers and reduce-sca
 that replace them.  Each direction is compressed or not on its own, with its own
 QuantConfig (stochastic rounding suits gradients), and is counted under its own key in
 fp4quant.comm.stats().
+
+A direction's config is one of: None (exact: the tensor's own dtype, as PyTorch sends
+it); the ``bf16`` preset (BF16 on the wire -- what a BF16 training run sends -- so a
+float32 tensor is cast for the collective and back); or a compressed preset.
 """
 
 from __future__ import annotations
@@ -35,19 +39,28 @@ class CommConfig:
 
     @classmethod
     def from_preset(cls, preset: str, compress: str = "both", stochastic_backward: bool = True, **kwargs) -> CommConfig:
-        """``preset`` (e.g. "fp4quant", "bf16") applied to the directions ``compress`` names."""
+        """``preset`` applied to the directions ``compress`` names, BF16 on the wire for the
+        others.  ``preset`` "exact" sends every direction uncompressed in its own dtype."""
         if compress not in COMPRESS_CHOICES:
             raise ValueError(f"compress must be one of {COMPRESS_CHOICES}, got {compress!r}")
+        if preset == "exact":
+            return cls(**kwargs)
+        bf16 = QuantConfig.preset("bf16")
         config = QuantConfig.preset(preset)
         if not config.compressed:
-            return cls(**kwargs)
-        fwd = config if compress in ("fwd", "both") else None
-        bwd = None
+            return cls(fwd=bf16, bwd=bf16, **kwargs)
+        fwd = config if compress in ("fwd", "both") else bf16
+        bwd = bf16
         if compress in ("bwd", "both"):
             bwd = config.replace(rounding="stochastic") if stochastic_backward else config
             if stochastic_backward and bwd.micro_scale in ("e4m3", "fp16", "e8m0"):
                 bwd = bwd.replace(scale_round="up")  # no saturation: stochastic rounding stays unbiased
         return cls(fwd=fwd, bwd=bwd, **kwargs)
+
+
+def _bf16_wire(config: QuantConfig | None, x: torch.Tensor) -> bool:
+    """The bf16 preset on a wider tensor: cast it for the wire."""
+    return config is not None and not config.compressed and x.dtype == torch.float32
 
 
 class TPCommunicator:
@@ -78,9 +91,15 @@ class TPCommunicator:
     def all_reduce(self, x: torch.Tensor, direction: str) -> torch.Tensor:
         """Sum over the group, in place; returns x."""
         self._check_real()
-        if self.world > 1:
-            comm.all_reduce(x, self._config(direction), self.group, algorithm=self.config.algorithm,
-                            chunk_bytes=self.config.chunk_bytes, direction=direction, seed=self.config.seed)
+        if self.world == 1:
+            return x
+        config = self._config(direction)
+        if _bf16_wire(config, x):
+            wire = x.to(torch.bfloat16)
+            comm.all_reduce(wire, None, self.group, direction=direction)
+            return x.copy_(wire)
+        comm.all_reduce(x, config, self.group, algorithm=self.config.algorithm, chunk_bytes=self.config.chunk_bytes,
+                        direction=direction, seed=self.config.seed)
         return x
 
     def all_gather(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -88,8 +107,11 @@ class TPCommunicator:
         self._check_real()
         if self.world == 1:
             return x
+        config = self._config(direction)
+        if _bf16_wire(config, x):
+            return self.all_gather(x.to(torch.bfloat16), direction).to(x.dtype)
         out = x.new_empty((self.world * x.shape[0], *x.shape[1:]))
-        comm.all_gather(out, x.contiguous(), self._config(direction), self.group,
+        comm.all_gather(out, x.contiguous(), config, self.group,
                         chunk_bytes=self.config.chunk_bytes, direction=direction, seed=self.config.seed)
         return out
 
@@ -100,8 +122,11 @@ class TPCommunicator:
             return x
         if x.shape[0] % self.world:
             raise ValueError(f"dim 0 ({x.shape[0]}) is not divisible by the TP size {self.world}")
+        config = self._config(direction)
+        if _bf16_wire(config, x):
+            return self.reduce_scatter(x.to(torch.bfloat16), direction).to(x.dtype)
         out = x.new_empty((x.shape[0] // self.world, *x.shape[1:]))
-        comm.reduce_scatter(out, x.contiguous(), self._config(direction), self.group,
+        comm.reduce_scatter(out, x.contiguous(), config, self.group,
                             chunk_bytes=self.config.chunk_bytes, direction=direction, seed=self.config.seed)
         return out
 

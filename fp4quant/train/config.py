@@ -22,7 +22,7 @@ class TrainConfig:
     out: str
     model: str = "tiny"  # a preset name, or a Hugging Face folder to start from
     tp: int = 1
-    comm: str = "bf16"  # the QuantConfig preset of TP traffic
+    comm: str = "bf16"  # TP traffic: a QuantConfig preset (bf16: BF16 on the wire), or "exact" (own dtype)
     compress: str = "both"  # which directions use it: none, fwd, bwd, both
     algorithm: str = "two_shot"
     stochastic_backward: bool = True
@@ -48,7 +48,8 @@ class TrainConfig:
             if not cond:
                 raise ConfigError(msg)
 
-        need(self.comm in PRESETS, f"--comm must be a preset ({', '.join(PRESETS)}), got {self.comm!r}")
+        need(self.comm in PRESETS or self.comm == "exact",
+             f"--comm must be a preset ({', '.join(PRESETS)}) or exact, got {self.comm!r}")
         need(self.compress in COMPRESS_CHOICES, f"--compress must be one of {COMPRESS_CHOICES}, got {self.compress!r}")
         need(self.algorithm in ("two_shot", "one_shot", "auto"), f"--algorithm must be two_shot, one_shot or auto, got {self.algorithm!r}")
         need(self.device in ("auto", "cpu", "cuda"), f"--device must be auto, cpu or cuda, got {self.device!r}")

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from helpers import bits_equal
+from helpers import bits_equal, CONFIG_VARIANTS, variant_id
 from fp4quant import QuantConfig, dequantize, ops, quantize
 from fp4quant.format.config import PRESETS
 from fp4quant.format.packed import layout
@@ -64,25 +64,7 @@ def test_bit_exact_stochastic_rounding(name, dtype):
     check_all_ops(inputs(2, 3000, dtype, seed=7), config, seed=2**63 + 12345, offset=2**32 - 1500)
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {"scale_round": "up"},
-        {"group": 16},
-        {"group": 128},  # odd power of two: 1/sqrt(128) is inexact
-        {"group": 65536},
-        {"fwht_seed": None},
-        {"coarse_scale": "tensor"},  # tensor scale with the FWHT: the workspace pre-pass
-        {"micro_group": 32, "group": 1024},
-        {"micro_group": 2, "group": 64},
-        {"element": "int4", "micro_scale": "e4m3"},
-        {"element": "e4m3", "micro_scale": "e4m3"},
-        {"micro_scale": "e8m0", "coarse_scale": "none", "scale_round": "up"},
-        {"micro_scale": "fp16", "coarse_scale": "none", "scale_round": "up"},
-        {"micro_scale": "none", "coarse_scale": "tensor"},
-    ],
-    ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()),
-)
+@pytest.mark.parametrize("overrides", CONFIG_VARIANTS, ids=variant_id)
 def test_bit_exact_other_configs(overrides):
     config = QuantConfig(**overrides)
     check_all_ops(inputs(2, 4 * config.block + 5, torch.float32, seed=11), config)

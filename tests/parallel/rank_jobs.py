@@ -16,7 +16,7 @@ from fp4quant.parallel import (
 )
 
 
-def mlp_block(rank, world, full, x, labels, preset="bf16", compress="both", sp=False):
+def mlp_block(rank, world, full, x, labels, preset="exact", compress="both", sp=False):
     """A column -> row block, an embedding and a vocab-parallel loss on TP shards of `full`
     weights; returns the loss and the full-shape gradients this rank can see."""
     tp = TPCommunicator(dist.group.WORLD, CommConfig.from_preset(preset, compress))

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from distributed import run_ranks
+from fp4quant.format.config import QuantConfig
 from fp4quant.parallel import CommConfig, TPCommunicator, vocab_parallel_cross_entropy
 
 
@@ -71,11 +72,25 @@ def test_compression_applies_to_the_directions_asked_and_stays_close():
         assert abs(float(results[0]["loss"]) - float(loss)) < 0.05 * float(loss)
 
 
+def test_bf16_preset_puts_bf16_on_the_wire():
+    full = full_weights()
+    x, labels = inputs()
+    loss, _ = reference(full, x, labels)
+    exact = run_ranks("parallel.rank_jobs:mlp_block", 2, dict(full=full, x=x, labels=labels, preset="exact"))[0]
+    bf16 = run_ranks("parallel.rank_jobs:mlp_block", 2, dict(full=full, x=x, labels=labels, preset="bf16"))[0]
+    for direction in ("fwd", "bwd"):
+        assert bf16["stats"][direction]["bytes_sent"] * 2 == exact["stats"][direction]["bytes_sent"]
+    assert float(bf16["loss"]) != float(exact["loss"]) and abs(float(bf16["loss"]) - float(loss)) < 1e-2 * float(loss)
+
+
 def test_comm_config_presets():
     c = CommConfig.from_preset("fp4quant", "both")
     assert c.fwd.rounding == "nearest" and c.bwd.rounding == "stochastic" and c.bwd.scale_round == "up"
-    assert CommConfig.from_preset("bf16", "both") == CommConfig()
-    assert CommConfig.from_preset("fp4quant", "none") == CommConfig()
+    bf16 = QuantConfig.preset("bf16")
+    assert CommConfig.from_preset("bf16", "both") == CommConfig(fwd=bf16, bwd=bf16)
+    assert CommConfig.from_preset("fp4quant", "none") == CommConfig(fwd=bf16, bwd=bf16)
+    assert CommConfig.from_preset("fp4quant", "fwd").bwd == bf16
+    assert CommConfig.from_preset("exact", "both") == CommConfig()
     with pytest.raises(ValueError, match="compress must be one of"):
         CommConfig.from_preset("fp4quant", "sideways")
 

@@ -32,8 +32,8 @@ def short(data, out, **kw):
 
 
 def test_tp2_matches_tp1_uncompressed(data, tmp_path):
-    one = run_ranks("train.rank_jobs:train", 1, short(data, tmp_path / "tp1", tp=1))[0]
-    two = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "tp2", tp=2))[0]
+    one = run_ranks("train.rank_jobs:train", 1, short(data, tmp_path / "tp1", tp=1, comm="exact"))[0]
+    two = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "tp2", tp=2, comm="exact"))[0]
     assert len(one["losses"]) == 6
     for a, b in zip(one["losses"], two["losses"]):
         assert abs(a - b) < 2e-5 * abs(a), (one["losses"], two["losses"])
@@ -41,8 +41,8 @@ def test_tp2_matches_tp1_uncompressed(data, tmp_path):
 
 @pytest.mark.slow
 def test_sequence_parallel_and_activation_checkpointing_match(data, tmp_path):
-    base = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "a", tp=2))[0]["losses"]
-    sp = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "b", tp=2, sequence_parallel=True,
+    base = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "a", tp=2, comm="exact"))[0]["losses"]
+    sp = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "b", tp=2, comm="exact", sequence_parallel=True,
                                                      activation_checkpointing=True))[0]["losses"]
     for a, b in zip(base, sp):
         assert abs(a - b) < 2e-5 * abs(a)

@@ -9,7 +9,13 @@ ABLATIONS = config.get("ablations", [])
 RUN_COMMS = list(dict.fromkeys(TRAIN["comms"] + ABLATIONS))  # ablations train too
 QUICK = config["bench"].get("quick", False)
 
-FIGURE_NAMES = ["throughput", "kernels", "allreduce", "convergence", "error"]
+# Training runs on the emulated multi-node cluster (falling back to loopback where it cannot
+# be built) unless cluster.enabled is false (e.g. on a real cluster).
+CLUSTER = config.get("cluster", {})
+EMULATED = CLUSTER.get("enabled", False)
+NODES = CLUSTER.get("nodes", 2)
+
+FIGURE_NAMES = ["throughput", "kernels", "allreduce", "convergence", "error"] + (["projection"] if EMULATED else [])
 TABLE_NAMES = ["formats", "ablation", "end_to_end"]
 FIGURES = expand("figures/{name}.pdf", name=FIGURE_NAMES)
 TABLES = expand("paper/tables/{name}.tex", name=TABLE_NAMES)
@@ -21,7 +27,8 @@ if not HAVE_LATEXMK:
 
 
 def run_dir(comm, seed):
-    return f"{OUT}/runs/{MODEL}/{comm}/seed{seed}"
+    """The folder of the training run of one TP communication preset and seed."""
+    return f"{OUT}/{'cluster/' if EMULATED else ''}runs/{MODEL}/{comm}/seed{seed}"
 
 
 RUN_DIRS = [run_dir(c, s) for c in RUN_COMMS for s in TRAIN["seeds"]]

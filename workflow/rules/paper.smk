@@ -6,6 +6,7 @@ RESULTS = f"{OUT}/results"
 rule figure:
     input:
         rules.collect_results.output,
+        [f"{OUT}/results/projection.csv"] if EMULATED else [],
     output:
         "figures/{name}.pdf",
     wildcard_constraints:

@@ -3,7 +3,7 @@
 
 rule collect_results:
     input:
-        runs=expand(f"{OUT}/runs/{MODEL}/{{comm}}/seed{{seed}}/summary.json", comm=RUN_COMMS, seed=TRAIN["seeds"]),
+        runs=[f"{d}/summary.json" for d in RUN_DIRS],
         error=rules.error_benchmark.output.csv,
         kernels=rules.kernel_benchmark.output.csv,
         collectives=rules.collective_benchmark.output.csv,

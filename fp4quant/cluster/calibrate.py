@@ -1,0 +1,121 @@
+"""Scale-model calibration: pick the emulated link so that compute : bandwidth matches a target cluster.
+
+A TP training step on H100 nodes spends its time computing at the GPUs' sustained
+FLOP/s and communicating at the inter-node links' bandwidth.  On this machine each
+emulated rank computes far slower, so the emulated link is slowed by the same factor:
+
+    emulated bytes/s = measured FLOP/s per rank x (target link bytes/s / target FLOP/s per GPU)
+
+and, where latency can be shaped (netem), latencies are stretched by the same factor.
+The measured figures (training FLOP/s of one rank's thread, codec throughputs at the
+training run's message size) are what the performance model uses to predict the
+emulated runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .. import ops
+from ..format.config import QuantConfig
+from ..models import ModelConfig, Qwen2ForCausalLM
+from ..parallel import TPCommunicator
+
+
+@dataclass(frozen=True)
+class TargetCluster:
+    """The cluster the scale model stands for (figures are assumptions, stated in every result)."""
+
+    name: str = "H100 SXM nodes, 8 GPUs each, NVLink 4 inside, 400 Gb/s InfiniBand NDR per GPU across"
+    flops_per_gpu: float = 400e12  # sustained BF16 training FLOP/s: ~40% of the 989 TFLOP/s dense peak
+    intra_node_bw: float = 370e9  # bytes/s per GPU: NCCL ring bus bandwidth over NVLink 4
+    inter_node_bw: float = 50e9  # bytes/s per GPU: one 400 Gb/s NIC per GPU
+    intra_node_latency: float = 5e-6  # seconds per collective step
+    inter_node_latency: float = 10e-6
+    gpus_per_node: int = 8
+    hbm_bw: float = 3.35e12  # bytes/s; codec kernels run at a fraction of it (see perfmodel)
+
+
+def measure_training_flops(model: str, seq_len: int, batch_size: int, tp: int, threads: int = 1,
+                           steps: int = 4) -> float:
+    """Sustained FLOP/s of one TP rank's training step (its 1/tp of the model) on this CPU."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cfg = ModelConfig.preset(model)
+        # One rank's shard of the model (built for a TP group of `tp`), then run as if alone:
+        # at world 1 the mappings send nothing, so this times exactly a rank's compute.
+        net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
+        net.comm.world = 1
+        ids = torch.randint(0, cfg.vocab_size // tp, (batch_size, seq_len))  # ids within the local vocabulary
+        times = []
+        for _ in range(steps + 1):
+            t0 = time.perf_counter()
+            net.loss(ids, ids).backward()
+            times.append(time.perf_counter() - t0)
+        seconds = sorted(times[1:])[len(times[1:]) // 2]
+        return cfg.flops_per_token(seq_len) * batch_size * seq_len / tp / seconds
+    finally:
+        torch.set_num_threads(previous)
+
+
+def measure_codec(values: int, presets: list[str], threads: int = 1, repeats: int = 5) -> dict[str, dict[str, float]]:
+    """GB/s (of float32 input) of quantize, dequantize_reduce (2 messages) and dequantize per preset."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        x = torch.randn(1, values)
+        for name in presets:
+            config = QuantConfig.preset(name)
+            if not config.compressed:
+                continue
+            msg = ops.quantize_rows(x, config)
+            two = torch.cat([msg, msg])
+            cases = {
+                "quantize": lambda: ops.quantize_rows(x, config),
+                "dequantize_reduce": lambda: ops.dequantize_reduce(two, values, config, torch.float32, True),
+                "dequantize": lambda: ops.dequantize_rows(msg, values, config, torch.float32),
+            }
+            out[name] = {}
+            for op, fn in cases.items():
+                fn()
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t0)
+                out[name][op] = 4 * values / sorted(times)[repeats // 2] / 1e9
+    finally:
+        torch.set_num_threads(previous)
+    return out
+
+
+@dataclass(frozen=True)
+class Calibration:
+    target: TargetCluster
+    rank_flops: float  # measured FLOP/s of one emulated rank
+    link_rate_bps: float  # the emulated inter-node link, bits/s
+    link_latency_s: float  # the stretched target latency (shaped only where netem exists)
+    time_dilation: float  # target FLOP/s / measured FLOP/s
+    codec_gbps: dict  # measured per preset and op, one thread
+    message_values: int  # values per TP all-reduce of the calibrated run
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["link_rate_mbit"] = self.link_rate_bps / 1e6
+        return d
+
+
+def calibrate(model: str, seq_len: int, batch_size: int, tp: int, presets: list[str],
+              target: TargetCluster | None = None) -> Calibration:
+    target = target or TargetCluster()
+    flops = measure_training_flops(model, seq_len, batch_size, tp)
+    dilation = target.flops_per_gpu / flops
+    rate_bytes = target.inter_node_bw / dilation
+    values = ModelConfig.preset(model).hidden_size * seq_len * batch_size
+    return Calibration(target, flops, 8 * rate_bytes, target.inter_node_latency * dilation, dilation,
+                       measure_codec(values, presets), values)

@@ -1,0 +1,232 @@
+"""An emulated multi-node cluster on one Linux machine: one network namespace per node.
+
+Each node is a namespace with a veth link to a shared bridge in the root namespace, and
+``tc`` shapes each link's bandwidth in both directions (a token bucket, ``tbf``, on the
+node's end and on the bridge's end) and, where the kernel has ``netem``, its latency.
+Processes started in a node's namespace reach the others only across these links, so
+gloo traffic between nodes crosses a constrained link while traffic inside a node stays
+on its loopback.
+
+Everything created carries the prefix ``fq<id>`` and is removed on exit -- normal,
+exception, SIGINT/SIGTERM, or atexit -- together with every process started inside.
+``cleanup_stale()`` removes what a killed (SIGKILL) earlier run left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+PREFIX = "fq"
+SUBNET = "10.213"
+
+
+def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, check=check)
+
+
+def unavailable_reason() -> str | None:
+    """Why an emulated cluster cannot be built here (None: it can).  FP4QUANT_NO_CLUSTER=1
+    says no, to run on loopback on purpose."""
+    if os.environ.get("FP4QUANT_NO_CLUSTER") == "1":
+        return "disabled by FP4QUANT_NO_CLUSTER=1"
+    if os.geteuid() != 0:
+        return "needs root (network namespaces and tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"needs iproute2 ({tool} not found)"
+    probe = f"{PREFIX}probe{os.getpid()}"
+    r = _run("ip", "netns", "add", probe, check=False)
+    if r.returncode:
+        return f"cannot create network namespaces: {r.stderr.strip()}"
+    _run("ip", "netns", "delete", probe, check=False)
+    return None
+
+
+def kernel_has_netem() -> bool:
+    """Whether tc can add netem (latency) qdiscs: probed on a throwaway dummy link."""
+    name = f"{PREFIX}nem{os.getpid() % 100000}"
+    if _run("ip", "link", "add", name, "type", "dummy", check=False).returncode:
+        return False
+    try:
+        return _run("tc", "qdisc", "add", "dev", name, "root", "netem", "delay", "1ms", check=False).returncode == 0
+    finally:
+        _run("ip", "link", "delete", name, check=False)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One node's link to the switch: a rate (bits/s) and a one-way latency (seconds)."""
+
+    rate_bps: float
+    latency_s: float = 0.0
+    burst_bits: int = 1 << 20  # at least 1 Mbit: smaller buckets cap throughput well below the rate
+
+    def tbf_args(self) -> list[str]:
+        burst_bytes = max(self.burst_bits // 8, int(self.rate_bps / 8 / 250))  # >= rate / HZ(250)
+        return ["tbf", "rate", f"{int(self.rate_bps)}bit", "burst", f"{burst_bytes}b", "latency", "50ms"]
+
+
+@dataclass
+class Node:
+    index: int
+    netns: str
+    address: str
+    ifname: str
+
+
+@dataclass
+class EmulatedCluster:
+    """``with EmulatedCluster(2, LinkSpec(20e6)) as c: c.popen(0, [...])``"""
+
+    nodes: int
+    link: LinkSpec
+    tag: str = field(default_factory=lambda: f"{os.getpid() % 100000}")
+    members: list[Node] = field(default_factory=list)
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    latency_shaped: bool = False
+
+    @property
+    def bridge(self) -> str:
+        return f"{PREFIX}{self.tag}br"
+
+    def __enter__(self) -> EmulatedCluster:
+        reason = unavailable_reason()
+        if reason:
+            raise RuntimeError(f"emulated cluster unavailable: {reason}")
+        if not 1 <= self.nodes <= 250:
+            raise ValueError(f"nodes must be in 1..250, got {self.nodes}")
+        self._install_handlers()
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- building and tearing down ---------------------------------------------------
+
+    def _create(self) -> None:
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "link", "set", self.bridge, "up")
+        self.latency_shaped = self.link.latency_s > 0 and kernel_has_netem()
+        for i in range(self.nodes):
+            node = Node(i, f"{PREFIX}{self.tag}n{i}", f"{SUBNET}.{int(self.tag) % 250}.{i + 1}", f"{PREFIX}{i}")
+            self.members.append(node)
+            host_end = f"{PREFIX}{self.tag}h{i}"
+            _run("ip", "netns", "add", node.netns)
+            _run("ip", "link", "add", host_end, "type", "veth", "peer", "name", node.ifname, "netns", node.netns)
+            _run("ip", "link", "set", host_end, "master", self.bridge)
+            _run("ip", "link", "set", host_end, "up")
+            ns = ["ip", "-n", node.netns]
+            _run(*ns, "addr", "add", f"{node.address}/24", "dev", node.ifname)
+            _run(*ns, "link", "set", node.ifname, "up")
+            _run(*ns, "link", "set", "lo", "up")
+            # shape both directions of the link: the node's egress and the bridge's egress to it
+            self._shape(["ip", "netns", "exec", node.netns], node.ifname)
+            self._shape([], host_end)
+
+    def _shape(self, prefix: list[str], dev: str) -> None:
+        if self.latency_shaped:
+            half = f"{self.link.latency_s * 1e3 / 2:.3f}ms"  # one-way latency, half on each end
+            _run(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", half)
+            _run(*prefix, "tc", "qdisc", "add", "dev", dev, "parent", "1:", "handle", "2:", *self.link.tbf_args())
+        else:
+            _run(*prefix, "tc", "qdisc", "add", "dev", dev, "root", *self.link.tbf_args())
+
+    def close(self) -> None:
+        """Stop every process started in the cluster, then remove namespaces, links and bridge."""
+        for p in self.processes:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.processes:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for node in self.members:
+            _kill_namespace_processes(node.netns)
+            _run("ip", "netns", "delete", node.netns, check=False)
+            _run("ip", "link", "delete", f"{PREFIX}{self.tag}h{node.index}", check=False)
+        _run("ip", "link", "delete", self.bridge, check=False)
+        self.members.clear()
+        self.processes.clear()
+
+    def _install_handlers(self) -> None:
+        atexit.register(self.close)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(sig)
+
+            def handler(signum, frame, previous=previous):
+                self.close()
+                if callable(previous):
+                    previous(signum, frame)
+                raise SystemExit(128 + signum)
+
+            try:
+                signal.signal(sig, handler)
+            except ValueError:  # not the main thread: atexit and __exit__ still clean up
+                pass
+
+    # ---- running ------------------------------------------------------------------------
+
+    def popen(self, node: int, cmd: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+        """Start ``cmd`` inside node ``node``'s namespace (a new session: stopped as a group)."""
+        n = self.members[node]
+        full_env = {**os.environ, **(env or {}), "GLOO_SOCKET_IFNAME": n.ifname}
+        p = subprocess.Popen(["ip", "netns", "exec", n.netns, *cmd], env=full_env, start_new_session=True, **kwargs)
+        self.processes.append(p)
+        return p
+
+    def run_all(self, cmds: list[list[str]], timeout: float | None = None, env: dict[str, str] | None = None,
+                **kwargs) -> list[int]:
+        """Run one command per node concurrently; return their exit codes.  The first failure
+        stops the others (a half-dead distributed job would otherwise wait forever)."""
+        procs = [self.popen(i, cmd, env, **kwargs) for i, cmd in enumerate(cmds)]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs) or (deadline and time.monotonic() > deadline):
+                time.sleep(2)
+                for p in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                break
+            time.sleep(0.1)
+        return [p.wait() for p in procs]
+
+
+def _kill_namespace_processes(netns: str) -> None:
+    r = _run("ip", "netns", "pids", netns, check=False)
+    for pid in r.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def cleanup_stale() -> list[str]:
+    """Remove namespaces and links an earlier, killed run left behind (prefix fq<id>)."""
+    removed = []
+    for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if name.startswith(PREFIX) and "n" in name[len(PREFIX):]:
+            _kill_namespace_processes(name)
+            _run("ip", "netns", "delete", name, check=False)
+            removed.append(name)
+    for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(PREFIX) and (name.endswith("br") or "h" in name[len(PREFIX):]):
+            _run("ip", "link", "delete", name, check=False)
+            removed.append(name)
+    return removed

@@ -1,0 +1,59 @@
+"""The machines the model runs on: the emulated cluster (from its measurements) and H100
+nodes (from stated assumptions, or the GPU kernel benchmark where one ran)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..cluster.calibrate import TargetCluster
+from .model import Machine, fit_alpha_beta
+
+# values per second of each codec op on an H100 when no GPU kernel benchmark exists: the
+# kernels are memory-bound, assumed at 70% of HBM bandwidth, BF16 in and 4.5-bit messages
+# out (quantize, dequantize: 2 + 0.56 bytes per value; the reduce reads 0.56 and writes
+# 0.56 / W bytes per value)
+H100_CODEC_EFFICIENCY = 0.7
+
+
+def h100_codec(target: TargetCluster) -> dict[str, dict[str, float]]:
+    bw = H100_CODEC_EFFICIENCY * target.hbm_bw
+    rates = {"quantize": bw / 2.57, "dequantize_reduce": bw / 0.85, "dequantize": bw / 2.57}
+    return {"fp4quant": rates}
+
+
+def gpu_codec(csv: str | Path) -> dict[str, dict[str, float]]:
+    """values/s per preset and op from a CUDA kernel benchmark (largest size measured)."""
+    df = pd.read_csv(csv)
+    df = df[(df.impl == "native") & (df.device == "cuda")]
+    out: dict[str, dict[str, float]] = {}
+    for (preset, op), g in df.groupby(["preset", "op"]):
+        row = g.sort_values("size_bytes").iloc[-1]
+        scale = 2 if op == "dequantize_reduce" else 1  # its GB/s counts both summed messages
+        out.setdefault(preset, {})[op] = row.gbps * 1e9 / 4 / scale
+    return out
+
+
+def h100(target: TargetCluster | None = None, gpu_kernels: str | Path | None = None) -> Machine:
+    target = target or TargetCluster()
+    codec = gpu_codec(gpu_kernels) if gpu_kernels else h100_codec(target)
+    return Machine(
+        name="H100 (assumed)" if not gpu_kernels else "H100 (codec measured on a GPU)",
+        rank_flops=target.flops_per_gpu, inter_bw=target.inter_node_bw, inter_latency=target.inter_node_latency,
+        intra_bw=target.intra_node_bw, intra_latency=target.intra_node_latency, ranks_per_node=target.gpus_per_node,
+        codec_values_per_s=codec,
+    )
+
+
+def emulated(calibration: dict, collectives_csv: str | Path) -> tuple[Machine, dict]:
+    """The emulated cluster: its rank's measured FLOP/s and codec throughput (calibration) and
+    the link's latency and bandwidth fitted to its measured uncompressed all-reduces."""
+    df = pd.read_csv(collectives_csv)
+    base = df[(df.config == "none") & (df.algorithm == "uncompressed")]
+    world = int(base.world_size.iloc[0])
+    alpha, bw = fit_alpha_beta(list(base.size_bytes), list(base.latency_s), world)
+    codec = {p: {op: g * 1e9 / 4 for op, g in ops.items()} for p, ops in calibration["codec_gbps"].items()}
+    machine = Machine(name="emulated cluster", rank_flops=calibration["rank_flops"], inter_bw=bw, inter_latency=alpha,
+                      intra_bw=bw, intra_latency=alpha, ranks_per_node=1, codec_values_per_s=codec)
+    return machine, {"fitted_latency_s": alpha, "fitted_bandwidth_Bps": bw, "world": world}

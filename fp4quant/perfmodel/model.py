@@ -1,0 +1,113 @@
+"""An alpha-beta model of one tensor-parallel training step.
+
+    step = compute + sum over TP all-reduces of (communication + codec)
+
+compute        training FLOPs of one rank's shard (ModelConfig.flops_per_token / tp) over
+               the rank's sustained FLOP/s
+all-reduces    two per layer in each direction (after o_proj and down_proj forward, before
+               q/k/v and gate/up backward) plus one each way at the embedding / lm_head;
+               each carries tokens x hidden values
+communication  ring / two-shot: each rank sends and receives 2 (W-1)/W of the message in
+               2 (W-1) steps: 2 (W-1)/W x bytes / bandwidth + 2 (W-1) x latency, with the
+               inter-node link's figures when the TP group spans nodes, else the node's
+codec          quantize the message, dequantize-reduce it, dequantize it (two-shot), at
+               the measured (or assumed) values per second of each
+TP communication is blocking (not overlapped with compute), as in Megatron-style TP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..format.config import QuantConfig
+from ..models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What one TP rank computes and communicates with."""
+
+    name: str
+    rank_flops: float  # sustained training FLOP/s
+    inter_bw: float  # bytes/s, bus bandwidth of the inter-node link (per rank)
+    inter_latency: float  # seconds per collective step across nodes
+    intra_bw: float  # bytes/s inside a node
+    intra_latency: float
+    ranks_per_node: int
+    codec_values_per_s: dict[str, dict[str, float]] = field(default_factory=dict)  # preset -> op -> values/s
+    wire_bytes_uncompressed: float = 2.0  # BF16 on the wire
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: ModelConfig
+    tp: int
+    seq_len: int
+    batch_size: int  # sequences per DP rank per step
+    dp: int = 1
+
+    @property
+    def tokens(self) -> int:
+        return self.seq_len * self.batch_size
+
+    @property
+    def messages_per_direction(self) -> int:
+        return 2 * self.model.num_layers + 1
+
+
+@dataclass(frozen=True)
+class Step:
+    compute_s: float
+    comm_s: float
+    codec_s: float
+    tokens_per_s: float
+    wire_bytes: float  # per rank per step
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s + self.codec_s
+
+
+def allreduce_time(nbytes: float, world: int, bw: float, latency: float) -> float:
+    if world == 1:
+        return 0.0
+    return 2 * (world - 1) / world * nbytes / bw + 2 * (world - 1) * latency
+
+
+def bytes_per_value(config: QuantConfig | None, uncompressed: float) -> float:
+    return uncompressed if config is None or not config.compressed else config.bits_per_value / 8
+
+
+def step(w: Workload, m: Machine, preset: str, compress: str = "both") -> Step:
+    """The modelled step of workload ``w`` on machine ``m`` with TP traffic under ``preset``."""
+    compute = w.model.flops_per_token(w.seq_len) * w.tokens / w.tp / m.rank_flops
+    spans_nodes = w.tp > m.ranks_per_node
+    bw, lat = (m.inter_bw, m.inter_latency) if spans_nodes else (m.intra_bw, m.intra_latency)
+    values = w.tokens * w.model.hidden_size
+    comm = codec = wire = 0.0
+    config = QuantConfig.preset(preset)
+    for direction in ("fwd", "bwd"):
+        compressed = config.compressed and compress in (direction, "both")
+        per_value = bytes_per_value(config if compressed else None, m.wire_bytes_uncompressed)
+        msg = values * per_value
+        comm += w.messages_per_direction * allreduce_time(msg, w.tp, bw, lat)
+        wire += w.messages_per_direction * 2 * (w.tp - 1) / w.tp * msg
+        if compressed and w.tp > 1:
+            rates = m.codec_values_per_s.get(preset) or m.codec_values_per_s.get("fp4quant")
+            if rates is None:
+                raise KeyError(f"machine {m.name!r} has no codec throughput for {preset!r}")
+            codec += w.messages_per_direction * values * sum(1 / rates[op] for op in
+                                                             ("quantize", "dequantize_reduce", "dequantize"))
+    total = compute + comm + codec
+    return Step(compute, comm, codec, w.dp * w.tokens / total, wire)
+
+
+def fit_alpha_beta(sizes: list[float], latencies: list[float], world: int) -> tuple[float, float]:
+    """Least-squares (latency per step, bandwidth) of an all-reduce's measured latency vs bytes."""
+    import numpy as np
+
+    x = np.array([2 * (world - 1) / world * s for s in sizes], dtype=float)
+    y = np.array(latencies, dtype=float)
+    a = np.vstack([np.full_like(x, 2 * (world - 1)), x]).T
+    (alpha, inv_bw), *_ = np.linalg.lstsq(a, y, rcond=None)
+    return max(float(alpha), 0.0), 1.0 / float(inv_bw)

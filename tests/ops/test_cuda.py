@@ -1,0 +1,220 @@
+"""The CUDA kernels (csrc/cuda): they compile, and they give the reference's bytes and values.
+
+Three layers, so that most of it runs without a GPU:
+- every .cu file compiles for sm_90 with nvcc, standalone (skipped without nvcc); the fast
+  kernel keeps its values in registers (no local-memory spills);
+- the kernels run on a CPU emulation of the CUDA execution model (tests/ops/cuda_emu) and
+  match the CPU codec byte for byte over presets, dtypes, sizes and random configs
+  (skipped without g++);
+- on a GPU with a CUDA build of the extension (marked `cuda`): torch ops on CUDA against the
+  pure-PyTorch reference on CPU, bit for bit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import bits_equal, CONFIG_VARIANTS, variant_id
+from fp4quant import QuantConfig, ops
+from fp4quant.format.config import PRESETS
+from fp4quant.reference import codec as reference
+
+ROOT = Path(__file__).resolve().parents[2]
+CUDA_SOURCES = sorted((ROOT / "csrc" / "cuda").glob("*.cu"))
+NVCC = shutil.which("nvcc") or (shutil.which("nvcc", path="/usr/local/cuda/bin"))
+NVCC_FLAGS = ["-std=c++17", "--fmad=false", "-O3", f"-I{ROOT / 'csrc'}"]
+# ptxas -v, per kernel: "Compiling entry function 'NAME'", ..., "N bytes stack frame, N bytes spill stores"
+PTXAS_KERNEL = re.compile(
+    r"Compiling entry function '(\w+)'[^\n]*\n(?:[^\n]*\n)*?\s*(\d+) bytes stack frame, (\d+) bytes spill stores"
+)
+
+COMPRESSED = sorted(p for p in PRESETS if p != "bf16")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SIZES = [1, 15, 17, 1000, 70001]
+
+
+# ---- compilation (no GPU needed) ----------------------------------------------------------
+
+
+def nvcc(source: Path, out: Path, arch: str, *flags: str) -> subprocess.CompletedProcess:
+    if NVCC is None:
+        pytest.skip("nvcc not found: the CUDA sources cannot be compiled here")
+    archs = subprocess.run([NVCC, "--list-gpu-arch"], capture_output=True, text=True).stdout.split()
+    if archs and f"compute_{arch}" not in archs:
+        pytest.skip(f"this nvcc cannot target sm_{arch}")
+    cmd = [NVCC, *NVCC_FLAGS, f"-arch=sm_{arch}", *flags, "-c", str(source), "-o", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def test_there_are_cuda_sources():
+    assert [p.name for p in CUDA_SOURCES], "csrc/cuda has no .cu files"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", CUDA_SOURCES, ids=lambda p: p.name)
+def test_every_cu_file_compiles_for_sm90(source, tmp_path):
+    proc = nvcc(source, tmp_path / "out.o", "90", "-Xcompiler", "-Wall")
+    assert proc.returncode == 0, f"nvcc failed on {source.name}:\n{proc.stderr}"
+    own_warnings = [line for line in proc.stderr.splitlines() if "warning" in line and "csrc" in line]
+    assert not own_warnings, "\n".join(own_warnings)
+    # ptxas prints "Compiling entry function" to stderr and the stack/spill line to stdout: merge them
+    cmd = [NVCC, *NVCC_FLAGS, "-arch=sm_90", "-Xptxas", "-v", "-c", str(source), "-o", str(tmp_path / "v.o")]
+    report = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
+    kernels = PTXAS_KERNEL.findall(report)
+    assert kernels, f"no ptxas report for {source.name}:\n{report}"
+    spilling = [name for name, stack, spills in kernels if "fast_kernel" in name and (int(stack) or int(spills))]
+    assert not spilling, f"fast kernels use local memory (register arrays indexed at run time?): {spilling}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", CUDA_SOURCES, ids=lambda p: p.name)
+def test_every_cu_file_compiles_for_sm80(source, tmp_path):
+    proc = nvcc(source, tmp_path / "out.o", "80")
+    assert proc.returncode == 0, f"nvcc failed on {source.name} for sm_80:\n{proc.stderr}"
+
+
+# ---- the kernels on the CPU emulator (no GPU needed) ---------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the emulator uses ucontext fibers (Linux)")
+def test_cuda_kernels_on_cpu_emulator_match_the_cpu_codec(tmp_path):
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found: cannot build the CUDA emulator")
+    build_py = Path(__file__).parent / "cuda_emu" / "build.py"
+    spec = importlib.util.spec_from_file_location("fp4quant_cuda_emu_build", build_py)
+    emu_build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(emu_build)
+    exe = emu_build.build(tmp_path)
+    mode = os.environ.get("FP4QUANT_EMU_MODE", "smoke")  # smoke | quick | full
+    proc = subprocess.run([str(exe), mode, "1"], capture_output=True, text=True, timeout=850)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " 0 mismatches" in proc.stdout, proc.stdout[-6000:]
+
+
+# ---- on a GPU --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cuda_native():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if ops.backend("cuda") != "native":
+        reason = ops._native.unavailable_reason or "fp4quant._C was built without CUDA kernels"
+        pytest.skip(f"native CUDA kernels unavailable: {reason}")
+
+
+def inputs(rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Values across 12 decades with outliers, non-finite values, zero runs, ties, subnormals."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n, generator=g) * torch.logspace(-6, 6, rows)[:, None]
+    if n >= 64:
+        x[0, 3] = float("nan")
+        x[-1, n // 2] = float("inf")
+        x[-1, n // 2 + 1] = float("-inf")
+        x[:, 16:32] = 0.0
+        x[0, 40:48] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])  # E2M1 ties at scale 1
+        x[0, 50] = 3.0e38
+        x[0, 51] = 1e-40
+    return x.to(dtype)
+
+
+def check_quantize(x: torch.Tensor, config: QuantConfig, seed: int = 3, offset: int = 0) -> torch.Tensor:
+    """CUDA quantize_rows == reference byte for byte, for both packings; returns the messages (CPU)."""
+    oracle = reference.quantize_rows(x, config, seed, offset)
+    for packing in ("warp", "naive"):
+        got = ops.quantize_rows(x.cuda(), config.replace(packing=packing), seed, offset).cpu()
+        differ = int((got != oracle).sum())
+        assert differ == 0, f"quantize ({packing}): {differ} of {oracle.numel()} bytes differ"
+    return oracle
+
+
+def check_decoding(msgs: torch.Tensor, n: int, config: QuantConfig, dtype: torch.dtype, seed: int = 4, offset: int = 0):
+    got = ops.dequantize_rows(msgs.cuda(), n, config, dtype).cpu()
+    assert bits_equal(got, reference.dequantize_rows(msgs, n, config, dtype)), "dequantize_rows"
+    for requantize in (True, False):
+        got = ops.dequantize_reduce(msgs.cuda(), n, config, dtype, requantize, seed, offset).cpu()
+        want = reference.dequantize_reduce(msgs, n, config, dtype, requantize, seed, offset)
+        assert bits_equal(got, want), f"dequantize_reduce(requantize={requantize})"
+
+
+@pytest.mark.cuda
+@pytest.mark.usefixtures("cuda_native")
+@pytest.mark.parametrize("name", COMPRESSED)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_bit_exact_every_preset_dtype_size(name, dtype):
+    config = QuantConfig.preset(name)
+    for n in SIZES:
+        for rows in (1, 2, 3):
+            x = inputs(rows, n, dtype, seed=n + rows)
+            try:
+                msgs = check_quantize(x, config)
+                check_decoding(msgs, n, config, dtype)
+            except AssertionError as exc:
+                raise AssertionError(f"{name} {dtype} n={n} rows={rows}: {exc}") from None
+
+
+@pytest.mark.cuda
+@pytest.mark.usefixtures("cuda_native")
+@pytest.mark.parametrize("name", COMPRESSED)
+@pytest.mark.parametrize("offset", [0, 2**32 - 1500, 2**64 - 100], ids=["0", "crossing-2^32", "wrapping-2^64"])
+def test_cuda_bit_exact_stochastic_rounding(name, offset):
+    config = QuantConfig.preset(name, rounding="stochastic")
+    rows = 1 if offset > 2**63 else 2  # row 1's counters would start past 2**64 (the reference refuses)
+    x = inputs(rows, 3000, torch.bfloat16, seed=7)
+    msgs = check_quantize(x, config, seed=2**63 + 12345, offset=offset)
+    check_decoding(msgs, 3000, config, torch.bfloat16, seed=99, offset=offset)
+
+
+@pytest.mark.cuda
+@pytest.mark.usefixtures("cuda_native")
+@pytest.mark.parametrize("overrides", CONFIG_VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)  # float16: the preset test
+def test_cuda_bit_exact_config_variants(overrides, dtype):
+    config = QuantConfig.preset("fp4quant", **overrides)
+    for n, rows in ((17, 2), (5001, 3), (70001, 1)):
+        x = inputs(rows, n, dtype, seed=n)
+        try:
+            msgs = check_quantize(x, config, seed=5, offset=99)
+            check_decoding(msgs, n, config, dtype)
+        except AssertionError as exc:
+            raise AssertionError(f"{overrides} {dtype} n={n} rows={rows}: {exc}") from None
+
+
+@pytest.mark.cuda
+@pytest.mark.usefixtures("cuda_native")
+@pytest.mark.parametrize("name", ["fp4quant", "single_scale", "nvfp4", "mxfp4"])
+def test_cuda_unaligned_and_strided_rows(name):
+    """Rows that start off 16-byte boundaries take the scalar loads; the bytes do not change."""
+    config = QuantConfig.preset(name)
+    for dtype in (torch.float32, torch.bfloat16):
+        base = inputs(3, 5003, dtype, seed=11)
+        gpu = base.cuda()
+        for cols in (slice(1, None), slice(3, 5002), slice(0, 4097)):  # offset data pointers, odd row strides
+            want = reference.quantize_rows(base[:, cols].contiguous(), config, 1, 0)
+            got = ops.quantize_rows(gpu[:, cols], config, 1, 0).cpu()
+            assert torch.equal(got, want), f"{dtype} columns {cols}"
+    # messages that start at odd addresses: nvfp4 at n=16 has 13 bytes per row
+    msgs = check_quantize(inputs(3, 16, torch.float32, seed=12), config)
+    check_decoding(msgs, 16, config, torch.float32)
+
+
+@pytest.mark.cuda
+@pytest.mark.usefixtures("cuda_native")
+def test_cuda_empty_inputs():
+    config = QuantConfig.preset("fp4quant")
+    assert ops.quantize_rows(torch.empty(2, 0, device="cuda"), config).shape == (2, 0)
+    assert ops.quantize_rows(torch.empty(0, 100, device="cuda"), config).shape[0] == 0
+    msgs = torch.empty(2, 0, dtype=torch.uint8, device="cuda")
+    assert ops.dequantize_rows(msgs, 0, config, torch.float32).shape == (2, 0)
+    assert ops.dequantize_reduce(msgs, 0, config, torch.float32, True).numel() == 0
+    assert ops.dequantize_reduce(msgs, 0, config, torch.float32, False).numel() == 0

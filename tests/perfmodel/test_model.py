@@ -1,0 +1,90 @@
+"""The alpha-beta step model."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from fp4quant.cluster.calibrate import TargetCluster
+from fp4quant.models import ModelConfig
+from fp4quant.perfmodel import Machine, Workload, allreduce_time, fit_alpha_beta, step
+from fp4quant.perfmodel import machines
+from fp4quant.perfmodel.__main__ import main as perfmodel_main
+
+RATES = {"fp4quant": {"quantize": 1e9, "dequantize_reduce": 1e9, "dequantize": 1e9}}
+
+
+def machine(**kw) -> Machine:
+    base = dict(name="m", rank_flops=1e12, inter_bw=1e9, inter_latency=1e-5, intra_bw=1e11, intra_latency=1e-6,
+                ranks_per_node=1, codec_values_per_s=RATES)
+    return Machine(**{**base, **kw})
+
+
+def test_allreduce_time_is_ring_alpha_beta():
+    assert allreduce_time(1e6, 1, 1e9, 1e-5) == 0
+    assert allreduce_time(1e6, 2, 1e9, 1e-5) == pytest.approx(1e6 / 1e9 + 2e-5)
+    assert allreduce_time(1e6, 8, 1e9, 0) == pytest.approx(2 * 7 / 8 * 1e-3)
+
+
+def test_step_counts_two_all_reduces_per_layer_each_way():
+    w = Workload(ModelConfig.preset("tiny"), 2, 128, 2)
+    s = step(w, machine(inter_latency=0.0), "bf16")
+    values = 256 * 256
+    assert s.comm_s == pytest.approx(2 * (2 * 4 + 1) * values * 2 / 1e9)
+    assert s.codec_s == 0 and s.wire_bytes == pytest.approx(2 * 9 * values * 2)  # 2 (W-1)/W = 1 at W = 2
+
+
+def test_compression_pays_when_communication_dominates_and_not_otherwise():
+    w = Workload(ModelConfig.preset("tiny"), 2, 128, 2)
+    slow = machine(inter_bw=1e7)
+    assert step(w, slow, "fp4quant").tokens_per_s > 2 * step(w, slow, "bf16").tokens_per_s
+    fast = machine(inter_bw=1e12, inter_latency=0.0, codec_values_per_s={"fp4quant": {k: 1e7 for k in RATES["fp4quant"]}})
+    assert step(w, fast, "fp4quant").tokens_per_s < step(w, fast, "bf16").tokens_per_s
+    inside = machine(ranks_per_node=8)  # TP inside a node uses the node's links
+    assert step(w, inside, "bf16").comm_s < step(w, machine(), "bf16").comm_s
+
+
+def test_fit_recovers_alpha_and_bandwidth():
+    sizes = [1e4, 1e5, 1e6, 1e7]
+    lat = [allreduce_time(s, 2, 5e8, 3e-4) for s in sizes]
+    alpha, bw = fit_alpha_beta(sizes, lat, 2)
+    assert alpha == pytest.approx(3e-4, rel=1e-6) and bw == pytest.approx(5e8, rel=1e-6)
+
+
+def test_h100_projection_in_the_papers_regime():
+    m = machines.h100(TargetCluster())
+    w8 = Workload(ModelConfig.preset("qwen-7b"), 8, 2048, 1)
+    w16 = Workload(ModelConfig.preset("qwen-7b"), 16, 2048, 1)
+    sp8 = step(w8, m, "fp4quant").tokens_per_s / step(w8, m, "bf16").tokens_per_s
+    sp16 = step(w16, m, "fp4quant").tokens_per_s / step(w16, m, "bf16").tokens_per_s
+    assert 1.0 < sp8 < sp16  # inter-node TP gains more: the slow links dominate
+    assert 1.2 < sp16 < 3.0
+
+
+def test_cli_validates_and_projects(tmp_path):
+    cal = {"target": vars(TargetCluster()), "rank_flops": 5e10, "link_rate_bps": 6e7, "link_latency_s": 0.06,
+           "time_dilation": 8000, "message_values": 65536,
+           "codec_gbps": {"fp4quant": {"quantize": 4.0, "dequantize_reduce": 4.0, "dequantize": 6.0}}}
+    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    pd.DataFrame({"config": ["none"] * 3, "algorithm": ["uncompressed"] * 3, "world_size": [2] * 3,
+                  "size_bytes": [1e4, 1e5, 1e6], "latency_s": [allreduce_time(s, 2, 7.5e6, 1e-3) for s in (1e4, 1e5, 1e6)]}
+                 ).to_csv(tmp_path / "coll.csv", index=False)
+    runs = []
+    for comm, tps in (("bf16", 800.0), ("fp4quant", 1700.0)):
+        d = tmp_path / comm
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({
+            "provenance": {"config": {"comm": comm, "seq_len": 128, "batch_size": 2}},
+            "model": ModelConfig.preset("tiny").to_dict(), "mesh": {"tp": 2, "dp": 1}, "tokens_per_s": tps}))
+        runs.append(str(d))
+    out = tmp_path / "proj.csv"
+    assert perfmodel_main(["--calibration", str(tmp_path / "cal.json"), "--collectives", str(tmp_path / "coll.csv"),
+                           "--runs", *runs, "--out", str(out)]) == 0
+    df = pd.read_csv(out)
+    emu = df[df.scenario.str.startswith("emulated")].set_index("comm")
+    assert emu.loc["fp4quant", "measured_tokens_per_s"] == 1700.0
+    assert emu.loc["fp4quant", "error"] == pytest.approx(emu.loc["fp4quant", "predicted_tokens_per_s"] / 1700 - 1)
+    assert set(df.scenario) >= {"H100, Qwen-7B, TP=8 in one node", "H100, Qwen-7B, TP=16 across two nodes"}
+    assert (out.parent / "proj.csv.meta.json").exists()

@@ -1,0 +1,73 @@
+# The scale model of a multi-node cluster (fp4quant.cluster): calibration, the collective
+# benchmark and the training runs on emulated nodes joined by shaped links, and the
+# performance model's validation and H100 projection.  Without root or iproute2 the runs
+# fall back to loopback, say so in one line, and record it (cluster.json) for the figures.
+
+CDIR = f"{OUT}/cluster"
+
+
+rule cluster_calibration:
+    input:
+        rules.build_extension.output.info,
+    output:
+        f"{CDIR}/calibration.json",
+    log:
+        f"{OUT}/logs/cluster_calibration.log",
+    threads: workflow.cores
+    shell:
+        "{PY} -m fp4quant.cluster calibrate --model {TRAIN[model]} --seq-len {TRAIN[seq_len]}"
+        " --batch-size {TRAIN[batch_size]} --tp {TRAIN[tp]} --out {output} 2> {log}"
+
+
+rule cluster_collectives:
+    input:
+        cal=rules.cluster_calibration.output,
+    output:
+        csv=f"{CDIR}/collectives.csv",
+        record=f"{CDIR}/collectives.cluster.json",
+    log:
+        f"{OUT}/logs/cluster_collectives.log",
+    params:
+        sizes=" ".join(str(s) for s in CLUSTER.get("collective_sizes", [65536, 1048576, 16777216, 67108864])),
+    threads: workflow.cores
+    shell:
+        "{PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES} --record {output.record} --"
+        " -m fp4quant.bench.collectives --out {output.csv} --dtype bfloat16 --sizes {params.sizes}"
+        " --presets fp4quant --algorithms two_shot one_shot --no-chunk-sweep --iters 3 --budget-mib 64 > {log} 2>&1"
+
+
+rule cluster_train:
+    input:
+        cal=rules.cluster_calibration.output,
+        data=rules.prepare_data.output.meta,
+    output:
+        summary=f"{CDIR}/runs/{MODEL}/{{comm}}/seed{{seed}}/summary.json",
+        log=f"{CDIR}/runs/{MODEL}/{{comm}}/seed{{seed}}/log.jsonl",
+        record=f"{CDIR}/runs/{MODEL}/{{comm}}/seed{{seed}}/cluster.json",
+    log:
+        f"{OUT}/logs/cluster_train_{{comm}}_seed{{seed}}.log",
+    params:
+        args=train_args,
+        run=lambda wc: run_dir(wc.comm, wc.seed),
+        nproc=lambda wc: TRAIN["tp"] // NODES,
+    threads: workflow.cores
+    shell:
+        "{PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES} --nproc-per-node {params.nproc}"
+        " --record {output.record} -- -m fp4quant.train {params.args} --out {params.run} > {log} 2>&1"
+
+
+rule projection:
+    input:
+        cal=rules.cluster_calibration.output,
+        collectives=rules.cluster_collectives.output.csv,
+        runs=[f"{d}/summary.json" for d in RUN_DIRS],
+    output:
+        f"{OUT}/results/projection.csv",
+    log:
+        f"{OUT}/logs/projection.log",
+    params:
+        runs=RUN_DIRS,
+        gpu=f"--gpu-kernels {CLUSTER['gpu_kernels']}" if CLUSTER.get("gpu_kernels") else "",
+    shell:
+        "{PY} -m fp4quant.perfmodel --calibration {input.cal} --collectives {input.collectives}"
+        " --runs {params.runs} {params.gpu} --out {output} 2> {log}"
