@@ -9,7 +9,7 @@ DEPS_FILES := pyproject.toml scripts/bootstrap.py setup.py $(sort $(shell find c
 DEPS_HASH := $(shell cat $(DEPS_FILES) 2>/dev/null | sha1sum | cut -c1-12)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
 
-.PHONY: test setup clean
+.PHONY: test figures setup clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): $(DEPS_FILES)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Every figure and table of the paper from the default (CPU) configuration of the workflow.
+figures: $(STAMP)
+	$(VENV)/bin/snakemake --cores all $(SNAKEMAKE_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

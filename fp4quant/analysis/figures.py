@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -25,7 +26,8 @@ def _order(values) -> list[str]:
 def _footer(fig, df: pd.DataFrame, profile: str) -> None:
     hw = "; ".join(sorted(set(df["hardware"].astype(str)))) if "hardware" in df else "unknown hardware"
     commit = sorted(set(df["commit"].astype(str)))[0][:12] if "commit" in df and len(df) else "?"
-    fig.text(0.01, 0.005, f"profile {profile} | {hw} | fp4quant {commit}", fontsize=6, color="0.35", ha="left", va="bottom")
+    # below the axes' labels (bbox_inches="tight" keeps it in the page)
+    fig.text(0.01, -0.12, f"profile {profile} | {hw} | fp4quant {commit}", fontsize=6, color="0.35", ha="left", va="top")
 
 
 def _save(fig, out: str | Path) -> None:
@@ -120,14 +122,18 @@ def projection(df: pd.DataFrame, out, profile: str) -> None:
                       v.assign(kind="predicted", tps=v.predicted_tokens_per_s)])
     sns.barplot(data=long, x="comm", y="tps", hue="kind", order=_order(v.comm), ax=a)
     errors = ", ".join(f"{r.comm} {100 * float(r.error):+.0f}%" for r in v.itertuples() if str(r.error) not in ("", "nan"))
-    a.set(xlabel="TP communication", ylabel="tokens / s", title=f"emulated cluster: model vs measured\n({errors})")
+    a.set(xlabel="TP communication", ylabel="tokens / s",
+          title="emulated cluster: model vs measured\nmodel error: " + "\n".join(textwrap.wrap(errors, 70)))
     a.title.set_fontsize(8)
     a.tick_params(axis="x", rotation=20)
     p = df[~df.scenario.str.startswith("emulated") & (df.comm == "fp4quant")]
-    b.barh(p.scenario, p.predicted_speedup, color="#4C72B0", label="model (FP4Quant / BF16)")
-    b.axvline(1.56, color="C3", ls="--", label="paper: up to 1.56x")
-    b.axvline(1.0, color="k", lw=0.8)
-    b.set(xlabel="training throughput, FP4Quant over BF16", title="projection: Qwen-7B on H100 nodes")
-    b.legend(fontsize=7)
+    labels = [s.split(", ", 2)[-1].replace(" across ", "\nacross ").replace(" in ", "\nin ") for s in p.scenario]
+    bars = b.bar(labels, p.predicted_speedup, color="#4C72B0", label="model: FP4Quant / BF16")
+    b.bar_label(bars, fmt="%.2fx", fontsize=8)
+    b.axhline(1.56, color="C3", ls="--", label="paper: up to 1.56x")
+    b.axhline(1.0, color="k", lw=0.8)
+    b.set(ylabel="training throughput over BF16", title="projection: Qwen-7B on H100 nodes (assumed figures)")
+    b.title.set_fontsize(9)
+    b.legend(fontsize=7, loc="upper left")
     _footer(fig, v, profile)
     _save(fig, out)

@@ -41,6 +41,9 @@ rule collective_benchmark:
     params:
         launch=launcher(config["bench"].get("collectives_nproc", 2)),
         quick="--quick" if QUICK else "",
+        presets=("--presets " + " ".join(config["bench"]["collective_presets"])) if config["bench"].get("collective_presets") else "",
+        sizes=("--sizes " + " ".join(map(str, config["bench"]["collective_sizes"]))) if config["bench"].get("collective_sizes") else "",
     threads: workflow.cores
     shell:
-        "{params.launch} -m fp4quant.bench.collectives --out {output.csv} {params.quick} > {log} 2>&1"
+        "{params.launch} -m fp4quant.bench.collectives --out {output.csv} {params.quick} {params.presets} {params.sizes}"
+        " > {log} 2>&1"
