@@ -214,6 +214,8 @@ def main(argv=None) -> int:
         args.sizes = args.sizes or QUICK_SIZES
         args.iters, args.presets, args.chunk_sweep = 2, ["fp4quant", "nvfp4"], [256 * KIB]
     sizes = sorted(args.sizes or DEFAULT_SIZES)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # ranks share the cores: no inherited extra threads
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     device = torch.device("cpu")

@@ -26,10 +26,12 @@ def cmd_run(a, job: list[str]) -> int:
         rate, latency = cal["link_rate_bps"], cal["link_latency_s"]
     else:
         cal, rate, latency = None, a.rate_mbit * 1e6, a.latency_ms / 1e3
-    env = {"OMP_NUM_THREADS": str(a.threads)}
+    threads = str(a.threads)
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
     reason = unavailable_reason()
+    link = LinkSpec(rate, latency)
     record = {"nodes": a.nodes, "nproc_per_node": a.nproc_per_node, "link_rate_mbit": rate / 1e6,
-              "link_latency_ms": latency * 1e3, "calibration": cal}
+              "link_latency_ms": latency * 1e3, "link_burst_bytes": link.burst_bytes, "calibration": cal}
     if reason:
         print(f"fp4quant.cluster: emulated cluster unavailable ({reason}); running on loopback instead",
               file=sys.stderr)
@@ -37,7 +39,7 @@ def cmd_run(a, job: list[str]) -> int:
             atomic_write_json(a.record, {**record, "emulated": False, "reason": reason, **_prov()})
         return subprocess.run(torchrun(1, a.nodes * a.nproc_per_node, None, None, a.port) + job,
                               env={**os.environ, **env}).returncode
-    with EmulatedCluster(a.nodes, LinkSpec(rate, latency)) as cluster:
+    with EmulatedCluster(a.nodes, link) as cluster:
         master = cluster.members[0].address
         codes = cluster.run_all([torchrun(a.nodes, a.nproc_per_node, i, master, a.port) + job for i in range(a.nodes)],
                                 timeout=a.timeout, env=env)

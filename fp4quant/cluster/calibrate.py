@@ -40,8 +40,9 @@ class TargetCluster:
 
 
 def measure_training_flops(model: str, seq_len: int, batch_size: int, tp: int, threads: int = 1,
-                           steps: int = 4) -> float:
-    """Sustained FLOP/s of one TP rank's training step (its 1/tp of the model) on this CPU."""
+                           steps: int = 6) -> float:
+    """Sustained FLOP/s of one TP rank's whole training step (forward, backward, AdamW step on
+    its 1/tp of the model) on this CPU: FLOPs counted as ModelConfig.flops_per_token."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -51,10 +52,14 @@ def measure_training_flops(model: str, seq_len: int, batch_size: int, tp: int, t
         net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
         net.comm.world = 1
         ids = torch.randint(0, cfg.vocab_size // tp, (batch_size, seq_len))  # ids within the local vocabulary
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
         times = []
         for _ in range(steps + 1):
             t0 = time.perf_counter()
             net.loss(ids, ids).backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)
         seconds = sorted(times[1:])[len(times[1:]) // 2]
         return cfg.flops_per_token(seq_len) * batch_size * seq_len / tp / seconds
@@ -100,6 +105,7 @@ class Calibration:
     rank_flops: float  # measured FLOP/s of one emulated rank
     link_rate_bps: float  # the emulated inter-node link, bits/s
     link_latency_s: float  # the stretched target latency (shaped only where netem exists)
+    link_burst_bytes: int  # the token bucket's depth: credit the link accrues while idle
     time_dilation: float  # target FLOP/s / measured FLOP/s
     codec_gbps: dict  # measured per preset and op, one thread
     message_values: int  # values per TP all-reduce of the calibrated run
@@ -117,5 +123,7 @@ def calibrate(model: str, seq_len: int, batch_size: int, tp: int, presets: list[
     dilation = target.flops_per_gpu / flops
     rate_bytes = target.inter_node_bw / dilation
     values = ModelConfig.preset(model).hidden_size * seq_len * batch_size
-    return Calibration(target, flops, 8 * rate_bytes, target.inter_node_latency * dilation, dilation,
-                       measure_codec(values, presets), values)
+    from .netns import LinkSpec
+
+    return Calibration(target, flops, 8 * rate_bytes, target.inter_node_latency * dilation,
+                       LinkSpec(8 * rate_bytes).burst_bytes, dilation, measure_codec(values, presets), values)

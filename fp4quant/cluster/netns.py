@@ -67,9 +67,12 @@ class LinkSpec:
     latency_s: float = 0.0
     burst_bits: int = 1 << 20  # at least 1 Mbit: smaller buckets cap throughput well below the rate
 
+    @property
+    def burst_bytes(self) -> int:
+        return max(self.burst_bits // 8, int(self.rate_bps / 8 / 250))  # and >= rate / HZ (250)
+
     def tbf_args(self) -> list[str]:
-        burst_bytes = max(self.burst_bits // 8, int(self.rate_bps / 8 / 250))  # >= rate / HZ(250)
-        return ["tbf", "rate", f"{int(self.rate_bps)}bit", "burst", f"{burst_bytes}b", "latency", "50ms"]
+        return ["tbf", "rate", f"{int(self.rate_bps)}bit", "burst", f"{self.burst_bytes}b", "latency", "50ms"]
 
 
 @dataclass

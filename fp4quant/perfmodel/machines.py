@@ -55,5 +55,6 @@ def emulated(calibration: dict, collectives_csv: str | Path) -> tuple[Machine, d
     alpha, bw = fit_alpha_beta(list(base.size_bytes), list(base.latency_s), world)
     codec = {p: {op: g * 1e9 / 4 for op, g in ops.items()} for p, ops in calibration["codec_gbps"].items()}
     machine = Machine(name="emulated cluster", rank_flops=calibration["rank_flops"], inter_bw=bw, inter_latency=alpha,
-                      intra_bw=bw, intra_latency=alpha, ranks_per_node=1, codec_values_per_s=codec)
+                      intra_bw=bw, intra_latency=alpha, ranks_per_node=1, codec_values_per_s=codec,
+                      burst_bytes=calibration.get("link_burst_bytes", 0))
     return machine, {"fitted_latency_s": alpha, "fitted_bandwidth_Bps": bw, "world": world}

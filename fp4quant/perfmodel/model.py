@@ -13,6 +13,10 @@ communication  ring / two-shot: each rank sends and receives 2 (W-1)/W of the me
 codec          quantize the message, dequantize-reduce it, dequantize it (two-shot), at
                the measured (or assumed) values per second of each
 TP communication is blocking (not overlapped with compute), as in Megatron-style TP.
+
+A token-bucket link (the emulated cluster's tc shaping) accrues credit while idle: during
+the compute between two all-reduces it banks min(burst, bandwidth x gap) bytes, which
+the next message then sends at line rate.  ``burst_bytes`` is 0 for real links.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Machine:
     ranks_per_node: int
     codec_values_per_s: dict[str, dict[str, float]] = field(default_factory=dict)  # preset -> op -> values/s
     wire_bytes_uncompressed: float = 2.0  # BF16 on the wire
+    burst_bytes: float = 0.0  # token-bucket depth of a shaped link (0: a real link)
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,11 @@ class Step:
         return self.compute_s + self.comm_s + self.codec_s
 
 
-def allreduce_time(nbytes: float, world: int, bw: float, latency: float) -> float:
+def allreduce_time(nbytes: float, world: int, bw: float, latency: float, credit: float = 0.0) -> float:
+    """Ring / two-shot all-reduce of ``nbytes``; ``credit`` bytes go free (a token bucket's)."""
     if world == 1:
         return 0.0
-    return 2 * (world - 1) / world * nbytes / bw + 2 * (world - 1) * latency
+    return max(2 * (world - 1) / world * nbytes - credit, 0.0) / bw + 2 * (world - 1) * latency
 
 
 def bytes_per_value(config: QuantConfig | None, uncompressed: float) -> float:
@@ -84,13 +90,15 @@ def step(w: Workload, m: Machine, preset: str, compress: str = "both") -> Step:
     spans_nodes = w.tp > m.ranks_per_node
     bw, lat = (m.inter_bw, m.inter_latency) if spans_nodes else (m.intra_bw, m.intra_latency)
     values = w.tokens * w.model.hidden_size
+    gap = compute / (2 * w.messages_per_direction)  # compute between consecutive all-reduces
+    credit = min(m.burst_bytes, bw * gap)
     comm = codec = wire = 0.0
     config = QuantConfig.preset(preset)
     for direction in ("fwd", "bwd"):
         compressed = config.compressed and compress in (direction, "both")
         per_value = bytes_per_value(config if compressed else None, m.wire_bytes_uncompressed)
         msg = values * per_value
-        comm += w.messages_per_direction * allreduce_time(msg, w.tp, bw, lat)
+        comm += w.messages_per_direction * allreduce_time(msg, w.tp, bw, lat, credit)
         wire += w.messages_per_direction * 2 * (w.tp - 1) / w.tp * msg
         if compressed and w.tp > 1:
             rates = m.codec_values_per_s.get(preset) or m.codec_values_per_s.get("fp4quant")

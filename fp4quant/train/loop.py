@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,14 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def pin_threads() -> None:
+    """Use exactly OMP_NUM_THREADS threads (torchrun sets it per rank) for every CPU backend:
+    an inherited MKL_NUM_THREADS (Snakemake exports the job's threads) would otherwise
+    oversubscribe the cores the ranks share."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def _mix(seed: int, step: int) -> int:
     return mix64(seed ^ mix64(step + 0x9E3779B97F4A7C15))
 
@@ -49,6 +58,7 @@ def _mix(seed: int, step: int) -> int:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        pin_threads()
         self.out = Path(cfg.out)
         self.device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
                                    else "cpu")
@@ -57,7 +67,7 @@ class Trainer:
         else:
             self.mesh = ParallelMesh.single()
         if self.device.type == "cuda":
-            torch.cuda.set_device(int(__import__("os").environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.is_logger = self.mesh.rank == 0
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,

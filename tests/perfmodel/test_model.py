@@ -88,3 +88,15 @@ def test_cli_validates_and_projects(tmp_path):
     assert emu.loc["fp4quant", "error"] == pytest.approx(emu.loc["fp4quant", "predicted_tokens_per_s"] / 1700 - 1)
     assert set(df.scenario) >= {"H100, Qwen-7B, TP=8 in one node", "H100, Qwen-7B, TP=16 across two nodes"}
     assert (out.parent / "proj.csv.meta.json").exists()
+
+
+def test_token_bucket_credit_only_helps_messages_and_is_capped():
+    w = Workload(ModelConfig.preset("tiny"), 2, 128, 2)
+    plain = step(w, machine(inter_bw=1e7, inter_latency=0.0), "bf16")
+    bucket = step(w, machine(inter_bw=1e7, inter_latency=0.0, burst_bytes=1e4), "bf16")
+    gap = plain.compute_s / (2 * w.messages_per_direction)
+    credit = min(1e4, 1e7 * gap)
+    assert bucket.comm_s == pytest.approx(plain.comm_s - 2 * w.messages_per_direction * credit / 1e7)
+    huge = step(w, machine(inter_bw=1e7, inter_latency=0.0, burst_bytes=1e12), "bf16")
+    assert huge.comm_s >= 0 and huge.compute_s == plain.compute_s
+    assert allreduce_time(1e3, 2, 1e6, 0.0, credit=1e6) == 0.0
