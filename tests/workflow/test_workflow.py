@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -89,3 +91,32 @@ def test_whole_pipeline_at_ci_scale(tmp_path):
     (tmp_path / "figures" / "error.pdf").unlink()
     r = snakemake("-n", "--cores", "2", "--configfile", str(REPO / "workflow/config/ci.yaml"), cwd=tmp_path)
     assert "figure" in r.stdout and "train " not in r.stdout
+
+
+def _load_launch():
+    spec = importlib.util.spec_from_file_location("launch", REPO / "workflow/scripts/launch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_launcher_shares_the_job_cores_among_ranks():
+    launch = _load_launch()
+    assert launch.rank_threads(2, {"OMP_NUM_THREADS": "2"})["OMP_NUM_THREADS"] == "1"
+    assert launch.rank_threads(2, {"OMP_NUM_THREADS": "16"}) == dict.fromkeys(launch.THREAD_VARIABLES, "8")
+    assert launch.rank_threads(8, {"OMP_NUM_THREADS": "4"})["MKL_NUM_THREADS"] == "1"  # never zero
+    cores = len(os.sched_getaffinity(0))
+    assert launch.rank_threads(1, {})["OMP_NUM_THREADS"] == str(cores)
+
+
+def test_launched_ranks_see_their_share_of_threads(tmp_path):
+    """Under Snakemake (OMP_NUM_THREADS = the rule's threads) each torchrun rank gets its share."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\nrank = os.environ['LOCAL_RANK']\n"
+                     "open(f'rank{rank}.txt', 'w').write(os.environ['OMP_NUM_THREADS'])\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "4"}
+    r = subprocess.run([sys.executable, str(REPO / "workflow/scripts/launch.py"), "--kind", "torchrun",
+                        "--nproc-per-node", "2", "--", str(probe)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [(tmp_path / f"rank{i}.txt").read_text() for i in range(2)] == ["2", "2"]

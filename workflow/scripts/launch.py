@@ -7,7 +7,12 @@ srun       inside a SLURM allocation (the workflow's SLURM profile): one srun ta
            each running torchrun --nnodes N with a c10d rendezvous on the first node
 nodelist   plain torchrun over ssh on each of --nodes (the first is the rendezvous host)
 
-The exit status is the job's; on failure or interruption every started process is stopped.
+Each rank gets the job's cores divided among the node's ranks as its thread count
+(OMP/MKL/OpenBLAS): Snakemake exports a rule's ``threads`` as OMP_NUM_THREADS and torchrun
+keeps an inherited value, so otherwise every rank would start as many threads as the whole
+job has cores, oversubscribing them (2 ranks x 2 threads on 2 cores halved the CPU run's
+tokens/s).  The exit status is the job's; on failure or interruption every started
+process is stopped.
 """
 
 from __future__ import annotations
@@ -28,6 +33,17 @@ def torchrun(nnodes: int, nproc: int, endpoint: str | None, job_id: str, node_ra
     if node_rank is not None:
         cmd += ["--node-rank", str(node_rank)]
     return cmd
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def rank_threads(nproc_per_node: int, env: dict[str, str]) -> dict[str, str]:
+    """Thread variables for each rank: the job's cores (OMP_NUM_THREADS as Snakemake sets it,
+    else the cores this process may run on) over the node's ranks, at least one."""
+    inherited = env.get("OMP_NUM_THREADS", "")
+    cores = int(inherited) if inherited.isdigit() and int(inherited) > 0 else len(os.sched_getaffinity(0))
+    return dict.fromkeys(THREAD_VARIABLES, str(max(1, cores // nproc_per_node)))
 
 
 def commands(a, job: list[str]) -> list[list[str]]:
@@ -62,7 +78,10 @@ def main() -> int:
     a = ap.parse_args()
     job = a.job[1:] if a.job[:1] == ["--"] else a.job
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # Snakemake stops jobs with SIGTERM
-    procs = [subprocess.Popen(cmd, start_new_session=True) for cmd in commands(a, job)]
+    if a.nproc_per_node < 1:
+        raise SystemExit(f"launch.py: --nproc-per-node must be at least 1, got {a.nproc_per_node}")
+    env = {**os.environ, **rank_threads(a.nproc_per_node, dict(os.environ))}
+    procs = [subprocess.Popen(cmd, start_new_session=True, env=env) for cmd in commands(a, job)]
     try:
         codes = [p.wait() for p in procs]
     except BaseException:
