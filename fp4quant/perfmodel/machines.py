@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..cluster.calibrate import TargetCluster
-from .model import Machine, fit_alpha_beta
+from .model import Machine, fit_link
 
 # values per second of each codec op on an H100 when no GPU kernel benchmark exists: the
 # kernels are memory-bound, assumed at 70% of HBM bandwidth, BF16 in and 4.5-bit messages
@@ -48,13 +48,15 @@ def h100(target: TargetCluster | None = None, gpu_kernels: str | Path | None = N
 
 def emulated(calibration: dict, collectives_csv: str | Path) -> tuple[Machine, dict]:
     """The emulated cluster: its rank's measured FLOP/s and codec throughput (calibration) and
-    the link's latency and bandwidth fitted to its measured uncompressed all-reduces."""
+    the link's latency and bandwidth fitted to its measured uncompressed all-reduces
+    (model.fit_link)."""
     df = pd.read_csv(collectives_csv)
     base = df[(df.config == "none") & (df.algorithm == "uncompressed")]
     world = int(base.world_size.iloc[0])
-    alpha, bw = fit_alpha_beta(list(base.size_bytes), list(base.latency_s), world)
+    burst = calibration.get("link_burst_bytes", 0)
+    alpha, bw = fit_link(list(base.size_bytes), list(base.latency_s), world, burst)
     codec = {p: {op: g * 1e9 / 4 for op, g in ops.items()} for p, ops in calibration["codec_gbps"].items()}
     machine = Machine(name="emulated cluster", rank_flops=calibration["rank_flops"], inter_bw=bw, inter_latency=alpha,
                       intra_bw=bw, intra_latency=alpha, ranks_per_node=1, codec_values_per_s=codec,
-                      burst_bytes=calibration.get("link_burst_bytes", 0))
+                      burst_bytes=burst)
     return machine, {"fitted_latency_s": alpha, "fitted_bandwidth_Bps": bw, "world": world}

@@ -9,7 +9,7 @@ import pytest
 
 from fp4quant.cluster.calibrate import TargetCluster
 from fp4quant.models import ModelConfig
-from fp4quant.perfmodel import Machine, Workload, allreduce_time, fit_alpha_beta, step
+from fp4quant.perfmodel import Machine, Workload, allreduce_time, fit_alpha_beta, fit_link, step
 from fp4quant.perfmodel import machines
 from fp4quant.perfmodel.__main__ import main as perfmodel_main
 
@@ -51,6 +51,23 @@ def test_fit_recovers_alpha_and_bandwidth():
     lat = [allreduce_time(s, 2, 5e8, 3e-4) for s in sizes]
     alpha, bw = fit_alpha_beta(sizes, lat, 2)
     assert alpha == pytest.approx(3e-4, rel=1e-6) and bw == pytest.approx(5e8, rel=1e-6)
+
+
+def test_link_fit_takes_latency_from_a_message_inside_the_burst():
+    """Token-bucket link: the smallest message rides on the burst (all overhead); the large
+    ones set the bandwidth.  3 % noise on second-long messages must not move the latency."""
+    bw, alpha, burst = 7.6e6, 3e-4, 131072
+    sizes = [4096, 65536, 1 << 20, 16 << 20, 64 << 20]
+    clean = [2 * alpha if s <= burst else allreduce_time(s, 2, bw, alpha) for s in sizes]
+    for noise in ([1, 1, 1, 1.03, 0.97], [1, 1, 1, 0.97, 1.03]):
+        fitted_alpha, fitted_bw = fit_link(sizes, [t * n for t, n in zip(clean, noise)], 2, burst)
+        assert fitted_alpha == pytest.approx(alpha, rel=1e-9)
+        assert fitted_bw == pytest.approx(bw, rel=0.06)
+    # without a message inside the burst (or on a real link) it is the least-squares fit
+    assert fit_link(sizes[2:], clean[2:], 2, burst) == pytest.approx(fit_alpha_beta(sizes[2:], clean[2:], 2))
+    assert fit_link(sizes, clean, 2, 0.0) == pytest.approx(fit_alpha_beta(sizes, clean, 2))
+    with pytest.raises(ValueError, match="at least two"):
+        fit_link([4096], [1e-3], 2, burst)
 
 
 def test_h100_projection_in_the_papers_regime():

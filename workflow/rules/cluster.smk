@@ -28,7 +28,7 @@ rule cluster_collectives:
     log:
         f"{OUT}/logs/cluster_collectives.log",
     params:
-        sizes=" ".join(str(s) for s in CLUSTER.get("collective_sizes", [65536, 1048576, 16777216, 67108864])),
+        sizes=" ".join(str(s) for s in CLUSTER.get("collective_sizes", [4096, 65536, 1048576, 16777216, 67108864])),
     threads: workflow.cores
     shell:
         "{PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES} --record {output.record} --"
