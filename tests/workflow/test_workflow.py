@@ -43,6 +43,14 @@ def test_dry_run(target, config, tmp_path):
         assert "runs/tiny/bf16" not in out and "runs/qwen-7b/bf16" not in out
 
 
+def test_loopback_overlay_trains_without_the_cluster(tmp_path):
+    configs = [str(REPO / "workflow/config/default.yaml"), str(REPO / "workflow/config/loopback.yaml")]
+    r = snakemake("all", "-n", "--cores", "2", "--configfile", *configs, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    assert "data/cpu-loopback/runs/tiny/fp4quant/seed0/summary.json" in out and "cluster_train" not in out
+
+
 def test_invalid_configuration_is_rejected(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO / "workflow/config/ci.yaml").read_text().replace("tp: 2", "tp: zero"))
