@@ -37,6 +37,7 @@ from ..comm import algorithms, auto, plan
 from ..format.config import QuantConfig
 from ..ops import backend as codec_backend
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
+from ..train.loop import pin_threads
 
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [4 * KIB * 4**k for k in range(9)]  # 4 KiB .. 256 MiB
@@ -214,8 +215,7 @@ def main(argv=None) -> int:
         args.sizes = args.sizes or QUICK_SIZES
         args.iters, args.presets, args.chunk_sweep = 2, ["fp4quant", "nvfp4"], [256 * KIB]
     sizes = sorted(args.sizes or DEFAULT_SIZES)
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # ranks share the cores: no inherited extra threads
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    pin_threads()  # ranks share the cores: no inherited extra threads
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     device = torch.device("cpu")

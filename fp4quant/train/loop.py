@@ -9,6 +9,7 @@ warmup + cosine learning rate.  Rank 0 appends one JSON line per step to log.jso
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,8 +21,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
-
-import dataclasses
 
 from .. import comm
 from ..comm.plan import mix64, reset_streams
