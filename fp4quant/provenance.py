@@ -115,9 +115,3 @@ def atomic_write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]])
     writer.writeheader()
     writer.writerows(rows)
     return atomic_write_text(path, buf.getvalue())
-
-
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return atomic_write_bytes(path, buf.getvalue())

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .prepare import prepare
+from .prepare import DEFAULT_FOLDER, prepare
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fp4quant.data", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="tokenize a corpus into a memory-mapped token file")
-    p.add_argument("--out", default="data/tokens/shakespeare-bytes", help="prepared folder to write")
+    p.add_argument("--out", default=DEFAULT_FOLDER, help="prepared folder to write")
     p.add_argument("--input", nargs="*", default=None,
                    help="text/JSONL files or folders (default: the bundled Shakespeare corpus)")
     p.add_argument("--tokenizer", default="bytes", help="'bytes' or a folder with a Hugging Face tokenizer.json")

@@ -17,7 +17,14 @@ import numpy as np
 import torch
 
 
+class DataError(ValueError):
+    """A damaged prepared folder, reported in one line."""
+
+
 class TokenDataset:
+    """A prepared folder, checked when opened: meta.json readable, tokens.bin of the length
+    it states, and every token id inside the vocabulary (one pass over the memory map)."""
+
     def __init__(self, folder: str | Path):
         folder = Path(folder)
         meta_path = folder / "meta.json"
@@ -25,15 +32,26 @@ class TokenDataset:
             raise FileNotFoundError(
                 f"no prepared data in {folder} (meta.json missing); run `python -m fp4quant.data prepare --out {folder}`"
             )
-        self.meta = json.loads(meta_path.read_text())
+        redo = f"prepare it again with `python -m fp4quant.data prepare --out {folder}`"
+        try:
+            self.meta = json.loads(meta_path.read_text())
+            dtype = np.dtype(self.meta["dtype"])
+            n_tokens, self.n_train = int(self.meta["n_tokens"]), int(self.meta["n_train"])
+            self.vocab_size = int(self.meta["vocab_size"])
+        except (ValueError, TypeError, KeyError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise DataError(f"{meta_path} is damaged ({type(exc).__name__}: {exc}); {redo}") from None
+        if not 0 <= self.n_train <= n_tokens or n_tokens < 1 or self.vocab_size < 1:
+            raise DataError(f"{meta_path} is damaged (n_train {self.n_train}, n_tokens {n_tokens}, "
+                            f"vocab_size {self.vocab_size}); {redo}")
         tokens_path = folder / "tokens.bin"
-        dtype = np.dtype(self.meta["dtype"])
-        expected = self.meta["n_tokens"] * dtype.itemsize
+        expected = n_tokens * dtype.itemsize
         if not tokens_path.exists() or tokens_path.stat().st_size != expected:
-            raise ValueError(f"{tokens_path} is missing or not {expected} bytes: the prepared folder is damaged")
+            raise DataError(f"{tokens_path} is missing or not {expected} bytes: the prepared folder is damaged; {redo}")
         self.tokens = np.memmap(tokens_path, dtype=dtype, mode="r")
-        self.vocab_size = int(self.meta["vocab_size"])
-        self.n_train = int(self.meta["n_train"])
+        largest = int(self.tokens.max())
+        if largest >= self.vocab_size:
+            raise DataError(f"{tokens_path} holds token id {largest}, outside the vocabulary of {self.vocab_size} "
+                            f"that meta.json states: the prepared folder is damaged; {redo}")
 
     def _split(self, split: str) -> tuple[int, int]:
         if split == "train":

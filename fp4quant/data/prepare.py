@@ -2,10 +2,15 @@
 
 tokens.bin is written first, atomically; meta.json (with its length and checksum) is
 written last, atomically, so a folder with a meta.json is always complete.
+
+The default folder (the bundled corpus, byte tokens) prepares itself on first use:
+``prepare_default_once`` lets the first of several processes prepare it under a file
+lock while the others wait on the lock, then find it complete.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import sys
 from pathlib import Path
@@ -18,6 +23,7 @@ from .corpus import DEFAULT_DESCRIPTION, default_documents, fingerprint, user_do
 from .tokenizer import load_tokenizer
 
 DOCUMENT_SEPARATOR = "\n\n"
+DEFAULT_FOLDER = "data/tokens/shakespeare-bytes"  # relative to the working directory, as the CLIs take it
 
 
 def prepare(
@@ -58,3 +64,23 @@ def prepare(
     }
     atomic_write_json(out / "meta.json", meta)
     return meta
+
+
+def is_default_folder(folder: str | Path) -> bool:
+    return Path(folder).resolve() == Path(DEFAULT_FOLDER).resolve()
+
+
+def prepare_default_once(folder: str | Path = DEFAULT_FOLDER) -> bool:
+    """Prepare the bundled corpus into ``folder`` unless it is already there; True if this call did.
+    Safe to call from every rank at once: one prepares, the others block on the lock."""
+    folder = Path(folder)
+    if (folder / "meta.json").exists():
+        return False
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if (folder / "meta.json").exists():
+            return False
+        print(f"fp4quant.data: preparing the bundled corpus into {folder} (first use)", file=sys.stderr)
+        prepare(folder)
+        return True

@@ -28,13 +28,16 @@ COMPRESS_CHOICES = ("none", "fwd", "bwd", "both")
 @dataclass(frozen=True)
 class CommConfig:
     """How TP traffic is sent.  ``fwd`` / ``bwd``: the QuantConfig of each direction, or None
-    for uncompressed; ``algorithm`` and ``chunk_bytes`` as in fp4quant.comm.all_reduce."""
+    for uncompressed; ``algorithm``, ``chunk_bytes`` and ``validate`` as in
+    fp4quant.comm.all_reduce (validate None: the FP4QUANT_VALIDATE environment variable;
+    True costs one all_gather_object per collective, so the trainer sets it for one step)."""
 
     fwd: QuantConfig | None = None
     bwd: QuantConfig | None = None
     algorithm: str = "two_shot"
     chunk_bytes: int | None = comm.DEFAULT_CHUNK_BYTES
     seed: int = 0
+    validate: bool | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -96,10 +99,10 @@ class TPCommunicator:
         config = self._config(direction)
         if _bf16_wire(config, x):
             wire = x.to(torch.bfloat16)
-            comm.all_reduce(wire, None, self.group, direction=direction)
+            comm.all_reduce(wire, None, self.group, direction=direction, validate=self.config.validate)
             return x.copy_(wire)
         comm.all_reduce(x, config, self.group, algorithm=self.config.algorithm, chunk_bytes=self.config.chunk_bytes,
-                        direction=direction, seed=self.config.seed)
+                        direction=direction, seed=self.config.seed, validate=self.config.validate)
         return x
 
     def all_gather(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -111,8 +114,8 @@ class TPCommunicator:
         if _bf16_wire(config, x):
             return self.all_gather(x.to(torch.bfloat16), direction).to(x.dtype)
         out = x.new_empty((self.world * x.shape[0], *x.shape[1:]))
-        comm.all_gather(out, x.contiguous(), config, self.group,
-                        chunk_bytes=self.config.chunk_bytes, direction=direction, seed=self.config.seed)
+        comm.all_gather(out, x.contiguous(), config, self.group, chunk_bytes=self.config.chunk_bytes,
+                        direction=direction, seed=self.config.seed, validate=self.config.validate)
         return out
 
     def reduce_scatter(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -126,8 +129,8 @@ class TPCommunicator:
         if _bf16_wire(config, x):
             return self.reduce_scatter(x.to(torch.bfloat16), direction).to(x.dtype)
         out = x.new_empty((x.shape[0] // self.world, *x.shape[1:]))
-        comm.reduce_scatter(out, x.contiguous(), config, self.group,
-                            chunk_bytes=self.config.chunk_bytes, direction=direction, seed=self.config.seed)
+        comm.reduce_scatter(out, x.contiguous(), config, self.group, chunk_bytes=self.config.chunk_bytes,
+                            direction=direction, seed=self.config.seed, validate=self.config.validate)
         return out
 
     def all_reduce_exact(self, x: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:

@@ -4,8 +4,13 @@
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m fp4quant.train --model qwen-7b --tp 16 ...
 
 Writes NAME/log.jsonl (one line per step, rank 0), NAME/checkpoints/ (resumed from
-automatically), NAME/summary.json (provenance and headline figures).  A bad
-configuration fails on every rank with one line, before any process group is created.
+automatically, with the log up to their step), NAME/summary.json (provenance and headline
+figures).  A bad configuration, damaged data, an unwritable --out fail on every rank with
+one line before any process group is created; a checkpoint of another configuration or
+ranks started differently, with one line right after.  Exit status: 2 for those, 1 when
+the loss became non-finite.  Under torchrun the line is also the worker's error file, so
+the launcher's failure report names it.  The default --data (the bundled corpus) is
+prepared on first use.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
+from ..data import DataError, TokenDataset, is_default_folder, prepare_default_once
 from .config import ConfigError, TrainConfig, world_from_env
 
 BOOLEAN = {"stochastic_backward", "sequence_parallel", "activation_checkpointing"}
@@ -37,24 +44,42 @@ def parse(argv=None) -> TrainConfig:
     return TrainConfig(**vars(args))
 
 
+def fail(exc: Exception, status: int) -> int:
+    """Report ``exc`` in one line on stderr and, under torchrun, in this worker's error file."""
+    message = f"fp4quant.train: error: {exc}"
+    print(message, file=sys.stderr)
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):  # the format torch.distributed.elastic reads back
+        record = {"message": {"message": message,
+                              "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
+        Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text(json.dumps(record))
+    return status
+
+
 def main(argv=None) -> int:
     try:
         cfg = parse(argv)
-        meta = json.loads(Path(cfg.data, "meta.json").read_text()) if Path(cfg.data, "meta.json").exists() else {}
-        cfg.check_world(world_from_env(), meta.get("vocab_size"))
-    except ConfigError as exc:
-        print(f"fp4quant.train: error: {exc}", file=sys.stderr)
-        return 2
+        world = world_from_env()
+        cfg.check_out()
+        if is_default_folder(cfg.data):
+            prepare_default_once(cfg.data)
+        data = TokenDataset(cfg.data) if Path(cfg.data, "meta.json").exists() else None
+        cfg.check_world(world, data.vocab_size if data else None)
+    except (ConfigError, DataError) as exc:
+        return fail(exc, 2)
     import torch
     import torch.distributed as dist
 
-    from .loop import Trainer
+    from .loop import Trainer, TrainingDiverged
 
     if "RANK" in os.environ:
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         dist.init_process_group("nccl" if use_cuda else "gloo")
     try:
-        summary = Trainer(cfg).run()
+        summary = Trainer(cfg, data).run()
+    except ConfigError as exc:  # ranks that disagree, a checkpoint of another configuration
+        return fail(exc, 2)
+    except TrainingDiverged as exc:
+        return fail(exc, 1)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..data import DEFAULT_FOLDER
 from ..format.config import PRESETS
 from ..models.config import MODEL_PRESETS, ModelConfig
 from ..parallel.communicator import COMPRESS_CHOICES
@@ -36,7 +39,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     clip: float = 1.0
     seed: int = 0
-    data: str = "data/tokens/shakespeare-bytes"
+    data: str = DEFAULT_FOLDER  # prepared on first use when it is the default and missing
     activation_checkpointing: bool = False
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
@@ -48,6 +51,9 @@ class TrainConfig:
             if not cond:
                 raise ConfigError(msg)
 
+        need(bool(self.out.strip()), "--out must name a run folder, got an empty string")
+        for name in ("lr", "min_lr_ratio", "weight_decay", "clip"):
+            need(math.isfinite(getattr(self, name)), f"--{name.replace('_', '-')} must be finite, got {getattr(self, name)}")
         need(self.comm in PRESETS or self.comm == "exact",
              f"--comm must be a preset ({', '.join(PRESETS)}) or exact, got {self.comm!r}")
         need(self.compress in COMPRESS_CHOICES, f"--compress must be one of {COMPRESS_CHOICES}, got {self.compress!r}")
@@ -85,16 +91,37 @@ class TrainConfig:
             raise ConfigError(f"--seq-len {self.seq_len} exceeds the model's max_position {cfg.max_position}")
         if self.sequence_parallel and self.seq_len % self.tp:
             raise ConfigError(f"--sequence-parallel needs --seq-len ({self.seq_len}) divisible by --tp ({self.tp})")
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("--device cuda, but torch sees no CUDA GPU (use --device auto or cpu)")
         meta = Path(self.data, "meta.json")
         if not meta.exists():
             raise ConfigError(f"no prepared data at {self.data} (run `python -m fp4quant.data prepare --out {self.data}`)")
         if vocab_size is not None and vocab_size > cfg.vocab_size:
             raise ConfigError(f"the data's vocabulary ({vocab_size}) is larger than the model's ({cfg.vocab_size})")
 
+    def check_out(self) -> None:
+        """--out can be created and written (checked first: a run must not fail at its first checkpoint)."""
+        out = Path(self.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"--out {self.out} is not a writable folder ({exc.strerror or exc})") from None
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def world_from_env() -> int:
-    """WORLD_SIZE as torchrun sets it (1 outside torchrun)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """WORLD_SIZE as torchrun sets it (1 outside torchrun).  A WORLD_SIZE above 1 without
+    RANK is not a torchrun worker: refuse rather than train alone as if on one rank."""
+    raw = os.environ.get("WORLD_SIZE", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"WORLD_SIZE must be a positive integer, got {raw!r}")
+    if int(raw) > 1 and "RANK" not in os.environ:
+        raise ConfigError(f"WORLD_SIZE={raw} but RANK is not set: launch with torchrun (or unset WORLD_SIZE)")
+    return int(raw)

@@ -4,7 +4,13 @@ One step: each DP rank reads its batch (a pure function of the step), runs forwa
 backward (TP traffic through the TPCommunicator, compressed as configured), reduces
 replicated-parameter gradients over TP under sequence parallelism, averages gradients
 over DP (uncompressed), clips by the global norm, and takes an AdamW step with a
-warmup + cosine learning rate.  Rank 0 appends one JSON line per step to log.jsonl.
+warmup + cosine learning rate.  Rank 0 appends one JSON line per step to log.jsonl and
+keeps the lines in memory: each checkpoint stores them, so a resumed run restores its
+whole history even when log.jsonl was deleted (as Snakemake does to an interrupted job's
+outputs).  A non-finite loss or gradient norm stops the run before the optimizer step,
+so the last checkpoint stays the last good state.  The first step this process runs
+validates its collectives across ranks (fp4quant.comm's validate=True): a misconfigured
+job fails in seconds instead of hanging.
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ from ..parallel import CommConfig, ParallelMesh, TPCommunicator, init_mesh
 from ..provenance import atomic_write_json, atomic_write_text, provenance
 from . import checkpoint
 from .config import TrainConfig
+from .consistency import check_ranks_agree, resume_differences
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm became non-finite; the run stopped before applying it."""
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -55,12 +66,13 @@ def _mix(seed: int, step: int) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: TrainConfig, data: TokenDataset | None = None):
         self.cfg = cfg
         pin_threads()
         self.out = Path(cfg.out)
         self.device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
                                    else "cpu")
+        check_ranks_agree(cfg, {"device_type": self.device.type})  # before any other collective
         if dist.is_initialized():
             self.mesh = init_mesh(cfg.tp)
         else:
@@ -72,7 +84,7 @@ class Trainer:
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
                                                   algorithm=cfg.algorithm, seed=cfg.seed)
         self.tp = TPCommunicator(self.mesh.tp_group, self.comm_config)
-        self.data = TokenDataset(cfg.data)
+        self.data = data if data is not None else TokenDataset(cfg.data)
         self.model = self._build_model()
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
@@ -83,6 +95,10 @@ class Trainer:
         self.replicated = {id(p) for p in self.model.replicated_parameters()}
         self.step = 0
         self.tokens_per_step = self.mesh.dp * cfg.batch_size * cfg.seq_len
+        self.history: list[str] = []  # rank 0: the log lines of steps 0 .. step-1
+        self.schedule = [{"from_step": 0, "steps": cfg.steps}]  # the --steps each part of the run decayed over
+        self.last_checkpoint: int | None = None
+        self.validate_next_step = True
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -106,26 +122,39 @@ class Trainer:
             "mesh": {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp},
         }
 
+    def _identity(self) -> dict[str, Any]:
+        """What a checkpoint records besides the configuration, and a resume must match."""
+        return {"mesh": {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp, "device": self.device.type},
+                "data_sha256": self.data.meta.get("tokens_sha256")}
+
+    def _resume_problems(self, manifest: dict[str, Any]) -> list[str]:
+        problems = resume_differences(manifest["config"], self.cfg)
+        for key, now in self._identity().items():
+            if manifest.get(key) != now:
+                problems.append(f"{key}: {manifest.get(key)!r} in the checkpoint, {now!r} now")
+        return problems
+
     def resume(self) -> bool:
-        """Continue from the last complete checkpoint in ``out``, if there is one."""
-        step = checkpoint.latest_step(self.out)
-        if step is None:
+        """Continue from the newest intact checkpoint in ``out``, if there is one, restoring
+        log.jsonl to the history it stores.  A checkpoint of another configuration, or a
+        folder of checkpoints none of which is intact, is a CheckpointError."""
+        found = checkpoint.resume(self.out, self.mesh.rank, self.mesh.world, self._resume_problems)
+        if found is None:
             return False
-        state = checkpoint.load(self.out, step, self.mesh.rank)
-        if state["mesh"] != {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp}:
-            raise ValueError(f"checkpoint step {step} was written by a {state['mesh']} run, this one is "
-                             f"world={self.mesh.world} tp={self.mesh.tp} dp={self.mesh.dp}")
+        step, state = found.step, found.state
+        if found.warning and self.is_logger:
+            checkpoint.warn(found.warning)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng_cpu"])
         if state["rng_cuda"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng_cuda"])
-        self.step = state["step"]
-        if self.is_logger:  # drop log lines of steps the checkpoint does not contain
-            log = self.out / "log.jsonl"
-            if log.exists():
-                kept = [line for line in log.read_text().splitlines() if line and json.loads(line)["step"] < self.step]
-                atomic_write_text(log, "".join(line + "\n" for line in kept))
+        self.step = self.last_checkpoint = step
+        self.schedule = found.manifest["schedule"]
+        if self.schedule[-1]["steps"] != self.cfg.steps:  # extended (resume_differences allows only more steps)
+            self.schedule = [*self.schedule, {"from_step": step, "steps": self.cfg.steps}]
+        if self.is_logger:
+            self.history = found.log.splitlines()
         return True
 
     # ---- one step ----------------------------------------------------------------------
@@ -175,7 +204,10 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         # stochastic rounding streams depend on the step only: a resumed run replays them
-        self.tp.config = dataclasses.replace(self.comm_config, seed=_mix(cfg.seed, self.step))
+        # validate=None after the first step: FP4QUANT_VALIDATE decides, as for any caller
+        self.tp.config = dataclasses.replace(self.comm_config, seed=_mix(cfg.seed, self.step),
+                                             validate=True if self.validate_next_step else None)
+        self.validate_next_step = False
         reset_streams()
         before = comm.stats()
         self._sync()
@@ -184,12 +216,13 @@ class Trainer:
         loss = self._forward_loss(ids.to(self.device), labels.to(self.device))
         loss.backward()
         grad_norm = self._reduce_gradients()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
         loss_value = loss.detach().float()
         if self.mesh.dp > 1:  # the logged loss is the mean over DP ranks
             dist.all_reduce(loss_value, group=self.mesh.dp_group)
             loss_value /= self.mesh.dp
+        self._stop_if_not_finite(float(loss_value), grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         self._sync()
         step_time = time.perf_counter() - t0
         after = comm.stats()
@@ -201,6 +234,17 @@ class Trainer:
                 record[f"{direction}_{key}"] = a.get(key, 0) - b.get(key, 0)
         self.step += 1
         return record
+
+    def _stop_if_not_finite(self, loss: float, grad_norm: float) -> None:
+        """Raise TrainingDiverged on every rank when any rank's loss or gradient norm is not finite."""
+        bad = torch.tensor([0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0], device=self.device)
+        if self.mesh.world > 1:  # every rank stops together, none waits in a collective
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item():
+            kept = f"step {self.last_checkpoint}" if self.last_checkpoint is not None else "none"
+            raise TrainingDiverged(f"step {self.step}: loss {loss}, gradient norm {grad_norm} (not finite on this rank "
+                                   f"or another): stopped before applying the step; last checkpoint: {kept} "
+                                   f"in {self.out / 'checkpoints'}")
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -228,31 +272,43 @@ class Trainer:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
         resumed_from = self.step if self.resume() else None
-        log = (self.out / "log.jsonl").open("a") if self.is_logger else None
+        log = None
+        if self.is_logger:  # the log holds exactly the steps behind the model: restored, or started afresh
+            atomic_write_text(self.out / "log.jsonl", "".join(line + "\n" for line in self.history))
+            log = (self.out / "log.jsonl").open("a")
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.comm}", unit="step", file=sys.stderr,
                    disable=not self.is_logger)
         self.model.train()
-        while self.step < cfg.steps:
-            record = self.train_step()
+        try:
+            while self.step < cfg.steps:
+                record = self.train_step()
+                if log:
+                    self.history.append(json.dumps(record))
+                    log.write(self.history[-1] + "\n")
+                    log.flush()
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                bar.update()
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    self._save()
+        finally:  # before an error is reported: the bar's last line comes first
+            bar.close()
             if log:
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            bar.update()
-            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
-                checkpoint.save(self.out, self.step, self.mesh.rank, self.mesh.world, self._state(), cfg.keep_checkpoints)
-        bar.close()
-        if log:
-            log.close()
+                log.close()
         val_loss = self.evaluate()
         summary = self.summary(val_loss, resumed_from)
         if self.is_logger:
             atomic_write_json(self.out / "summary.json", summary)
         return summary
 
+    def _save(self) -> None:
+        meta = {"config": self.cfg.to_dict(), **self._identity(), "schedule": self.schedule,
+                "provenance": provenance(self.device)}
+        checkpoint.save(self.out, self.step, self.mesh.rank, self.mesh.world, self._state(), self.cfg.keep_checkpoints,
+                        "".join(line + "\n" for line in self.history) if self.is_logger else None, meta)
+        self.last_checkpoint = self.step
+
     def summary(self, val_loss: float | None, resumed_from: int | None) -> dict[str, Any]:
-        records = [json.loads(line) for line in (self.out / "log.jsonl").read_text().splitlines() if line] \
-            if self.is_logger else []
+        records = [json.loads(line) for line in self.history]
         steady = records[len(records) // 10 :] or records  # leave out the first tenth (warm-up of caches)
         tail = records[-10:]
 
@@ -267,6 +323,7 @@ class Trainer:
             "comm": {"fwd": str(self.comm_config.fwd), "bwd": str(self.comm_config.bwd), "algorithm": self.cfg.algorithm},
             "steps": self.step,
             "resumed_from": resumed_from,
+            "lr_schedule": self.schedule,
             "final_loss": sum(r["loss"] for r in tail) / len(tail) if tail else None,
             "val_loss": val_loss,
             "tokens_per_s": self.tokens_per_step * len(steady) / sum(r["step_time_s"] for r in steady) if steady else None,

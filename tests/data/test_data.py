@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fp4quant.data import ByteTokenizer, TokenDataset, prepare
+from fp4quant.data import ByteTokenizer, DataError, TokenDataset, prepare, prepare_default_once
 from fp4quant.data.__main__ import main as data_main
 
 
@@ -77,8 +77,33 @@ def test_missing_or_damaged_folder_is_explained(tmp_path, shakespeare):
         TokenDataset(tmp_path)
     (tmp_path / "meta.json").write_text((shakespeare / "meta.json").read_text())
     (tmp_path / "tokens.bin").write_bytes(b"\0" * 10)
-    with pytest.raises(ValueError, match="damaged"):
+    with pytest.raises(DataError, match="damaged"):
         TokenDataset(tmp_path)
+    for meta in ("", (shakespeare / "meta.json").read_text()[:100], "[]"):
+        (tmp_path / "meta.json").write_text(meta)
+        with pytest.raises(DataError, match="meta.json is damaged"):
+            TokenDataset(tmp_path)
+
+
+def test_token_ids_are_checked_against_the_vocabulary(tmp_path, shakespeare):
+    meta = json.loads((shakespeare / "meta.json").read_text())
+    n = 50_000
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "n_tokens": n, "n_train": n - 500}))
+    ids = np.random.default_rng(0).integers(0, 256, n).astype(np.uint16)
+    (tmp_path / "tokens.bin").write_bytes(ids.tobytes())
+    assert TokenDataset(tmp_path).vocab_size == 256
+    ids[n // 2] = 256  # one id past the vocabulary
+    (tmp_path / "tokens.bin").write_bytes(ids.tobytes())
+    with pytest.raises(DataError, match="holds token id 256, outside the vocabulary of 256"):
+        TokenDataset(tmp_path)
+
+
+def test_the_default_folder_prepares_itself_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert prepare_default_once() is True
+    meta = json.loads((tmp_path / "data/tokens/shakespeare-bytes/meta.json").read_text())
+    assert prepare_default_once() is False  # already there: nothing redone
+    assert json.loads((tmp_path / "data/tokens/shakespeare-bytes/meta.json").read_text()) == meta
 
 
 def test_hf_tokenizer_folder(tmp_path):

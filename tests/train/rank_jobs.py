@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import torch
 
-from fp4quant.train import TrainConfig, Trainer
+from fp4quant import QuantConfig
+from fp4quant.comm import validate
+from fp4quant.data import DataError
+from fp4quant.train import ConfigError, TrainConfig, Trainer
 
 
 def train(rank, world, **kwargs):
@@ -20,3 +24,44 @@ def train(rank, world, **kwargs):
         losses = [json.loads(line)["loss"] for line in Path(cfg.out, "log.jsonl").read_text().splitlines()]
     checksum = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
     return {"losses": losses, "summary": summary, "checksum": checksum, "mesh": (trainer.mesh.tp_rank, trainer.mesh.dp_rank)}
+
+
+def start(rank, world, per_rank=None, **kwargs):
+    """Build a Trainer from ``kwargs`` updated by ``per_rank[rank]``; the error's text, or None if it started."""
+    try:
+        Trainer(TrainConfig(**{**kwargs, **(per_rank or [{}] * world)[rank]}))
+    except (ConfigError, DataError) as exc:
+        return str(exc)
+    return None
+
+
+def misconfigured_rank(rank, world, **kwargs):
+    """Rank 1 sends its forward traffic under another preset than rank 0, which no TrainConfig
+    field shows (as a rank running other code would): the first step's validation must name it."""
+    trainer = Trainer(TrainConfig(**kwargs))
+    if rank == 1:
+        trainer.comm_config = dataclasses.replace(trainer.comm_config, fwd=QuantConfig.preset("no_fwht"))
+    try:
+        trainer.run()
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def validations(rank, world, **kwargs):
+    """The steps during which cross-rank validations ran (one per collective), and rank 0's log."""
+    trainer = Trainer(TrainConfig(**kwargs))
+    steps = []
+    exchange = validate.exchange
+
+    def counted(*args):
+        steps.append(trainer.step)
+        return exchange(*args)
+
+    validate.exchange = counted
+    try:
+        trainer.run()
+    finally:
+        validate.exchange = exchange
+    log = [json.loads(line) for line in Path(kwargs["out"], "log.jsonl").read_text().splitlines()] if rank == 0 else []
+    return {"steps": steps, "log": log}

@@ -3,32 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from distributed import REPO, free_port, run_ranks
+from distributed import run_ranks
 from fp4quant.train import ConfigError, TrainConfig, lr_at
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from fp4quant.data import prepare
-
-    out = tmp_path_factory.mktemp("tokens")
-    prepare(out)
-    return str(out)
-
-
-def short(data, out, **kw):
-    base = dict(out=str(out), data=data, model="tiny", steps=6, seq_len=64, batch_size=2, checkpoint_every=100,
-                eval_batches=1)
-    return {**base, **kw}
+from train.launch import kill_tree, short, torchrun
 
 
 def test_tp2_matches_tp1_uncompressed(data, tmp_path):
@@ -103,34 +85,6 @@ def test_layout_errors_before_any_process_group(data):
         TrainConfig(out="x", data="/nonexistent").check_world(1)
     with pytest.raises(ConfigError, match="divisible by --tp"):
         TrainConfig(out="x", tp=2, seq_len=63, sequence_parallel=True, data=data).check_world(2)
-
-
-def torchrun(args: list[str], nproc: int = 2, **popen) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-           str(free_port()), "-m", "fp4quant.train", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True, **popen)
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants at once (torchrun's workers live in their own sessions)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    for p in tree:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_cli_reports_a_bad_layout_in_one_line(data):
