@@ -16,6 +16,7 @@ prepared on first use.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -51,7 +52,8 @@ def fail(exc: Exception, status: int) -> int:
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):  # the format torch.distributed.elastic reads back
         record = {"message": {"message": message,
                               "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
-        Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text(json.dumps(record))
+        with contextlib.suppress(OSError):  # the line on stderr is what matters
+            Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text(json.dumps(record))
     return status
 
 
@@ -61,7 +63,10 @@ def main(argv=None) -> int:
         world = world_from_env()
         cfg.check_out()
         if is_default_folder(cfg.data):
-            prepare_default_once(cfg.data)
+            try:
+                prepare_default_once(cfg.data)
+            except OSError as exc:
+                raise ConfigError(f"cannot prepare the bundled corpus into {cfg.data} ({exc.strerror or exc})") from None
         data = TokenDataset(cfg.data) if Path(cfg.data, "meta.json").exists() else None
         cfg.check_world(world, data.vocab_size if data else None)
     except (ConfigError, DataError) as exc:

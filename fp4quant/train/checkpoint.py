@@ -9,7 +9,8 @@ mesh), then renames the folder to ``step_N`` and atomically rewrites
 only becomes visible complete; older ones are pruned.
 
 Resuming takes the newest ``step_N`` whose files all match its manifest.  A damaged one
-(truncated, zeroed, no manifest) is passed over with one warning for the previous one;
+(truncated, zeroed, no manifest) is passed over with one warning for the previous one,
+and renamed ``step_N.damaged`` (kept for inspection, out of the way of pruning);
 when none is intact, resuming fails with one line.  The ranks agree on the outcome (one
 all_gather_object per folder tried), so they all resume the same step or all fail.
 """
@@ -190,7 +191,17 @@ def resume(out: Path, rank: int, world: int, problems: Callable[[dict[str, Any]]
         if damaged:
             passed_over.append(damaged[0])
             continue
-        warning = "; ".join(passed_over) + f"; resuming from step {step}" if passed_over else None
+        warning = None
+        if passed_over:
+            warning = "; ".join(passed_over) + f"; resuming from step {step}"
+            newer = [later for later in steps if later > step]
+            if newer:
+                warning += " (the damaged ones are kept as step_*.damaged)"
+            if rank == 0:  # out of the way of pruning and of later resumes, but not deleted
+                for later in newer:
+                    aside = _dir(out) / f"step_{later:06d}.damaged"
+                    shutil.rmtree(aside, ignore_errors=True)
+                    (_dir(out) / f"step_{later:06d}").rename(aside)
         return Resumed(step, state, manifest, log, warning)
     raise CheckpointError(f"no intact checkpoint in {_dir(out)} ({'; '.join(passed_over)}): "
                           "move it away to start the run over")

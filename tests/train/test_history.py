@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from distributed import run_ranks
 from fp4quant.train import TrainConfig
 from fp4quant.train.consistency import resume_differences
 from fp4quant.train.__main__ import main
@@ -108,6 +109,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(run, data, capsys, 
     assert err.count("warning") == 1 and "step 8" in err and "resuming from step 6" in err, err
     same_history(records(out), want)
     assert json.loads((out / "summary.json").read_text())["resumed_from"] == 6
+    assert (out / "checkpoints" / "step_000008.damaged" / name).exists()  # set aside, not deleted
 
 
 def test_a_garbage_latest_pointer_is_passed_over(run, data, capsys):
@@ -159,3 +161,14 @@ def test_resume_rule():
     assert warmup.startswith("warmup: 10 in the checkpoint, 20 now") and "--warmup 10" in warmup
     assert [p.split(":")[0] for p in resume_differences(stored, TrainConfig(out="a", steps=50, warmup=10, seed=1))] \
         == ["seed", "steps"]
+
+
+@pytest.mark.slow
+def test_ranks_fall_back_together_when_one_shard_is_damaged(data, tmp_path):
+    kw = run_kw(data, tmp_path / "tp2", tp=2, steps=4, checkpoint_every=2)
+    want = run_ranks("train.rank_jobs:train", 2, kw, timeout=120)[0]["losses"]
+    damage_zero(tmp_path / "tp2" / "checkpoints" / "step_000004" / "rank0001.pt")  # only rank 1 sees the damage
+    snakemake_cleanup(tmp_path / "tp2")
+    results = run_ranks("train.rank_jobs:train", 2, kw, timeout=120)
+    assert [r["summary"]["resumed_from"] for r in results] == [2, 2]
+    assert results[0]["losses"] == want
