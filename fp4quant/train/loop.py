@@ -72,14 +72,14 @@ class Trainer:
         self.out = Path(cfg.out)
         self.device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
                                    else "cpu")
+        if self.device.type == "cuda":  # before any collective: NCCL's object collectives use the current device
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            self.device = torch.device("cuda", torch.cuda.current_device())
         check_ranks_agree(cfg, {"device_type": self.device.type})  # before any other collective
         if dist.is_initialized():
             self.mesh = init_mesh(cfg.tp)
         else:
             self.mesh = ParallelMesh.single()
-        if self.device.type == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            self.device = torch.device("cuda", torch.cuda.current_device())
         self.is_logger = self.mesh.rank == 0
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
                                                   algorithm=cfg.algorithm, seed=cfg.seed)
