@@ -9,7 +9,7 @@ DEPS_FILES := pyproject.toml scripts/bootstrap.py setup.py $(sort $(shell find c
 DEPS_HASH := $(shell cat $(DEPS_FILES) 2>/dev/null | sha1sum | cut -c1-12)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
 
-.PHONY: test figures setup clean
+.PHONY: test figures figures-clean setup clean
 
 setup: $(STAMP)
 
@@ -21,9 +21,16 @@ $(STAMP): $(DEPS_FILES)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Every figure and table of the paper from the default (CPU) configuration of the workflow.
+# Every figure and table of the paper from the default (CPU) configuration of the workflow,
+# computed on this machine (committed reference results live under reference/, apart).
 figures: $(STAMP)
 	$(VENV)/bin/snakemake --cores all $(SNAKEMAKE_ARGS)
+
+# Remove what `make figures` produced (profile cpu; FIGURES_PROFILE=<profile> for another),
+# checkpoints included, so that the next run computes everything afresh.
+FIGURES_PROFILE ?= cpu
+figures-clean:
+	rm -rf data/$(FIGURES_PROFILE) figures/*.pdf paper/tables paper/main.pdf
 
 clean:
 	rm -rf $(VENV) build *.egg-info

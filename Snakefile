@@ -5,12 +5,15 @@
 #   snakemake --cores all ablation_no_fwht                # one ablation
 #   snakemake --profile workflow/profiles/h100-slurm --configfile workflow/config/h100.yaml
 #
-# Configuration: workflow/config/default.yaml, validated against workflow/schemas/.
+# Configuration: workflow/config/default.yaml, checked against workflow/schemas/ and the code
+# (workflow/scripts/config_check.py: a mistake is one line naming the key).
 # Outputs: data/<profile>/... (raw logs and tidy CSVs), figures/*.pdf, paper/tables/*.tex.
 
+import importlib.util
 import os
 import sys
 
+import yaml
 from snakemake.utils import min_version, validate
 
 min_version("8.0")
@@ -19,7 +22,23 @@ BASE = workflow.basedir  # the repository: scripts and the package live here, ou
 PY = sys.executable  # the Python that runs Snakemake, with fp4quant installed
 
 configfile: os.path.join(BASE, "workflow/config/default.yaml")
-validate(config, os.path.join(BASE, "workflow/schemas/config.schema.yaml"))
+
+
+def load_script(name):
+    """A module of workflow/scripts/ (they are not part of the package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BASE, "workflow/scripts", f"{name}.py"))
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+SCHEMA = os.path.join(BASE, "workflow/schemas/config.schema.yaml")
+config_check = load_script("config_check")
+try:  # one line naming the key, not Snakemake's dump of the schema
+    config_check.check(config, yaml.safe_load(open(SCHEMA)))
+except config_check.ConfigError as exc:
+    raise SystemExit(f"config error: {exc}")
+validate(config, SCHEMA)  # fills in the schema's defaults
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/build.smk"

@@ -1,4 +1,8 @@
-"""`python -m fp4quant.analysis collect|figure|table ...`: the workflow's analysis steps."""
+"""`python -m fp4quant.analysis collect|ablation|figure|table|freeze ...`: the workflow's analysis steps.
+
+Each step first checks that its inputs come from one machine, commit and torch version
+(.origin) and refuses a mix in one line; `freeze` copies a complete run into a reference folder.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +14,29 @@ import pandas as pd
 
 from ..provenance import atomic_write_csv
 from . import collect, figures, tables
+from .figures import FIGURES
+from .freeze import freeze
+from .origin import MixedOrigin, check_same_origin
+from .tables import TABLES
 
-FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection")
-TABLES = ("formats", "ablation", "end_to_end")
+# the result CSVs each figure and table reads (in the --results folder)
+READS = {"throughput": ["training"], "kernels": ["kernels"], "allreduce": ["collectives"], "projection": ["projection"],
+         "convergence": ["curves", "training"], "error": ["error"], "formats": ["error"], "ablation": ["ablation"],
+         "end_to_end": ["training"]}
 
 
 def _write(df: pd.DataFrame, path: Path) -> None:
     atomic_write_csv(path, df.to_dict("records"))
 
 
+def run_inputs(runs: list[str]) -> list[Path]:
+    """What a training run's provenance is recorded in: its summary, and its cluster record if any."""
+    return [p for d in map(Path, runs) for p in (d / "summary.json", d / "cluster.json")
+            if p.name == "summary.json" or p.exists()]
+
+
 def cmd_collect(a) -> None:
+    check_same_origin([*run_inputs(a.runs), a.error, a.kernels, a.collectives])
     out = Path(a.out_dir)
     runs = collect.training(a.runs, a.profile)
     _write(runs, out / "training.csv")
@@ -34,12 +51,19 @@ def cmd_collect(a) -> None:
 
 
 def cmd_ablation(a) -> None:
+    check_same_origin([*run_inputs(a.runs), a.error, a.kernels])
     runs = collect.training(a.runs, a.profile)
     df = collect.ablation(a.name, collect.benchmark(a.error, a.profile), collect.benchmark(a.kernels, a.profile), runs)
     _write(df, Path(a.out))
 
 
+def check_inputs(a) -> None:
+    """The figure or table's inputs (--inputs: every input of the figure set) come from one origin."""
+    check_same_origin(a.inputs or [Path(a.results) / f"{name}.csv" for name in READS[a.name]])
+
+
 def cmd_figure(a) -> None:
+    check_inputs(a)
     r = Path(a.results)
     read = lambda name: pd.read_csv(r / f"{name}.csv")  # noqa: E731
     if a.name == "throughput":
@@ -57,6 +81,7 @@ def cmd_figure(a) -> None:
 
 
 def cmd_table(a) -> None:
+    check_inputs(a)
     r = Path(a.results)
     if a.name == "formats":
         tables.formats(pd.read_csv(r / "error.csv"), a.out, a.profile)
@@ -92,8 +117,26 @@ def main(argv=None) -> int:
         p.add_argument("--results", required=True, help="folder of the tidy result CSVs")
         p.add_argument("--profile", required=True)
         p.add_argument("--out", required=True)
+        p.add_argument("--inputs", nargs="*", default=[],
+                       help="files that must come from one machine, commit and torch (default: the CSVs it reads)")
+    z = sub.add_parser("freeze", help="copy a complete run (data, figures, tables) into a reference folder")
+    z.add_argument("--profile", required=True)
+    z.add_argument("--to", required=True, help="the reference folder, e.g. reference/cpu-amd-epyc-2core")
+    z.add_argument("--data", default="data", help="the folder holding <profile>/")
+    z.add_argument("--figures", default="figures")
+    z.add_argument("--tables", default="paper/tables")
+    z.add_argument("--produced-by", default="make figures", help="the command that produced the run (for the README)")
     a = ap.parse_args(argv)
-    {"collect": cmd_collect, "ablation": cmd_ablation, "figure": cmd_figure, "table": cmd_table}[a.command](a)
+    try:
+        if a.command == "freeze":
+            origin = freeze(a.profile, a.to, a.data, a.figures, a.tables, a.produced_by)
+            print(f"froze profile {a.profile} ({'; '.join(origin['hardware'])}, commit {origin['commit'][:12]}) "
+                  f"into {a.to}", file=sys.stderr)
+        else:
+            {"collect": cmd_collect, "ablation": cmd_ablation, "figure": cmd_figure, "table": cmd_table}[a.command](a)
+    except (MixedOrigin, FileNotFoundError, FileExistsError) as exc:
+        print(f"fp4quant.analysis: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -50,10 +50,12 @@ def curves(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
     """Every logged step of every run: the loss curves."""
     frames = []
     for d in map(Path, run_dirs):
-        cfg = json.loads((d / "summary.json").read_text())["provenance"]["config"]
+        prov = json.loads((d / "summary.json").read_text())["provenance"]
+        cfg = prov["config"]
         log = pd.read_json(d / "log.jsonl", lines=True)
         log = log[["step", "loss", "lr", "tokens_per_s", "step_time_s"]].assign(
-            profile=profile, comm=cfg["comm"], seed=cfg["seed"], model=cfg["model"])
+            profile=profile, comm=cfg["comm"], seed=cfg["seed"], model=cfg["model"], run=str(d),
+            **{k: prov[k] for k in PROVENANCE_COLUMNS})
         frames.append(log)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

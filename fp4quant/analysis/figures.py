@@ -14,7 +14,9 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from ..provenance import atomic_write_bytes  # noqa: E402
+from .origin import origin_of_frame, pdf_metadata  # noqa: E402
 
+FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection")
 ORDER = ["bf16", "fp4quant", "no_fwht", "single_scale", "naive_pack", "nvfp4", "mxfp4", "int4", "fp8"]
 
 
@@ -30,9 +32,11 @@ def _footer(fig, df: pd.DataFrame, profile: str) -> None:
     fig.text(0.01, -0.12, f"profile {profile} | {hw} | fp4quant {commit}", fontsize=6, color="0.35", ha="left", va="top")
 
 
-def _save(fig, out: str | Path) -> None:
+def _finish(fig, df: pd.DataFrame, profile: str, out: str | Path) -> None:
+    """Footer, then the PDF, whose metadata carries the provenance of ``df`` (see .origin)."""
+    _footer(fig, df, profile)
     buf = io.BytesIO()
-    fig.savefig(buf, format="pdf", bbox_inches="tight")
+    fig.savefig(buf, format="pdf", bbox_inches="tight", metadata=pdf_metadata(origin_of_frame(df, profile)))
     plt.close(fig)
     atomic_write_bytes(out, buf.getvalue())
 
@@ -50,8 +54,7 @@ def throughput(training: pd.DataFrame, out, profile: str) -> None:
            title=f"{first.model}, TP={first.tp} x DP={first.dp}, {first.backend}\n{first.network}")
     ax.title.set_fontsize(8)
     ax.tick_params(axis="x", rotation=20)
-    _footer(fig, training, profile)
-    _save(fig, out)
+    _finish(fig, training, profile, out)
 
 
 def kernels(df: pd.DataFrame, out, profile: str) -> None:
@@ -67,8 +70,7 @@ def kernels(df: pd.DataFrame, out, profile: str) -> None:
         ax.plot(clone.size_bytes, clone.gbps, "k--", label="torch.clone")
         ax.set(xscale="log", yscale="log", xlabel="input bytes (float32)", ylabel="GB/s of input", title=op)
         ax.legend(fontsize=6)
-    _footer(fig, df, profile)
-    _save(fig, out)
+    _finish(fig, df, profile, out)
 
 
 def allreduce(df: pd.DataFrame, out, profile: str) -> None:
@@ -86,8 +88,7 @@ def allreduce(df: pd.DataFrame, out, profile: str) -> None:
     b.axhline(1.0, color="k", lw=0.8, ls="--")
     b.set(xscale="log", xlabel="message bytes (float32)", ylabel="speedup over uncompressed", title="speedup")
     b.legend(fontsize=6)
-    _footer(fig, df, profile)
-    _save(fig, out)
+    _finish(fig, df, profile, out)
 
 
 def convergence(curves: pd.DataFrame, training: pd.DataFrame, out, profile: str) -> None:
@@ -97,8 +98,7 @@ def convergence(curves: pd.DataFrame, training: pd.DataFrame, out, profile: str)
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     sns.lineplot(data=c, x="step", y="loss (10-step mean)", hue="comm", hue_order=_order(c.comm), ax=ax)
     ax.set(ylabel="training loss (nats / token)", title=f"{c.model.iloc[0]}: loss curves")
-    _footer(fig, training, profile)
-    _save(fig, out)
+    _finish(fig, training, profile, out)
 
 
 def error(df: pd.DataFrame, out, profile: str) -> None:
@@ -109,8 +109,7 @@ def error(df: pd.DataFrame, out, profile: str) -> None:
     ax.set(xlabel="format", ylabel="SQNR (dB), higher is better", title="quantize -> dequantize error")
     ax.tick_params(axis="x", rotation=20)
     ax.legend(fontsize=6, ncol=3)
-    _footer(fig, df, profile)
-    _save(fig, out)
+    _finish(fig, df, profile, out)
 
 
 def projection(df: pd.DataFrame, out, profile: str) -> None:
@@ -135,5 +134,4 @@ def projection(df: pd.DataFrame, out, profile: str) -> None:
     b.set(ylabel="training throughput over BF16", title="projection: Qwen-7B on H100 nodes (assumed figures)")
     b.title.set_fontsize(9)
     b.legend(fontsize=7, loc="upper left")
-    _footer(fig, v, profile)
-    _save(fig, out)
+    _finish(fig, v, profile, out)

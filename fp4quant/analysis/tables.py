@@ -11,6 +11,9 @@ import pandas as pd
 
 from ..provenance import atomic_write_text
 from .figures import _order
+from .origin import origin_of_frame, stamp_tex
+
+TABLES = ("formats", "ablation", "end_to_end")
 
 
 def number(v: float, fmt: str) -> str:
@@ -23,6 +26,12 @@ def number(v: float, fmt: str) -> str:
 
 def _tex(s) -> str:
     return str(s).replace("_", r"\_").replace("%", r"\%").replace("#", r"\#")
+
+
+def _write(out, df: pd.DataFrame, profile: str, columns: list[str], rows: list[list[str]], caption: str,
+           label: str) -> None:
+    """The table, stamped with the provenance of ``df`` (see .origin)."""
+    atomic_write_text(out, stamp_tex(_table(columns, rows, caption, label), origin_of_frame(df, profile)))
 
 
 def _table(columns: list[str], rows: list[list[str]], caption: str, label: str) -> str:
@@ -50,18 +59,16 @@ def formats(error: pd.DataFrame, out, profile: str) -> None:
         g = d[d.config == config].set_index("kind")
         bits = float(g.bits_per_value.iloc[0])
         rows.append([_tex(config), number(bits, ".3f"), number(16 / bits, ".2f")] + [number(g.loc[k, "sqnr_db"], ".2f") for k in kinds])
-    atomic_write_text(out, _table(["format", "bits/value", "vs BF16"] + kinds, rows,
-                                  "Wire size and quantization SQNR (dB) per format and tensor kind. " + _where(error, profile),
-                                  "tab:formats"))
+    _write(out, error, profile, ["format", "bits/value", "vs BF16"] + kinds, rows,
+           "Wire size and quantization SQNR (dB) per format and tensor kind. " + _where(error, profile), "tab:formats")
 
 
 def ablation(ablations: pd.DataFrame, out, profile: str) -> None:
     """Each ablation against the full method, measure by measure."""
     rows = [[_tex(r.ablation), _tex(r.measure), number(r.fp4quant, ".4g"), number(r.ablated, ".4g"),
              number(100 * r.change, "+.1f")] for r in ablations.itertuples()]
-    atomic_write_text(out, _table(["ablation", "measure", "fp4quant", "ablated", "change %"], rows,
-                                  "Ablations: one mechanism removed at a time. " + _where(ablations, profile),
-                                  "tab:ablation"))
+    _write(out, ablations, profile, ["ablation", "measure", "fp4quant", "ablated", "change %"], rows,
+           "Ablations: one mechanism removed at a time. " + _where(ablations, profile), "tab:ablation")
 
 
 def end_to_end(training: pd.DataFrame, out, profile: str) -> None:
@@ -76,5 +83,5 @@ def end_to_end(training: pd.DataFrame, out, profile: str) -> None:
     first = training.iloc[0]
     caption = (f"End-to-end training of {_tex(first.model)} (TP={first.tp}, DP={first.dp}, {first.steps} steps). "
                + _where(training, profile))
-    atomic_write_text(out, _table(["TP comm", "tokens/s", "speedup", "final loss", "val loss", "MiB sent/step"], rows,
-                                  caption, "tab:end_to_end"))
+    _write(out, training, profile, ["TP comm", "tokens/s", "speedup", "final loss", "val loss", "MiB sent/step"], rows, caption,
+           "tab:end_to_end")

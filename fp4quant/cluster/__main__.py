@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import subprocess
 import sys
 
 from ..provenance import atomic_write_json, provenance
 from .calibrate import calibrate
+from .guard import Lifeline, wait_all
 from .netns import EmulatedCluster, LinkSpec, cleanup_stale, kernel_has_netem, unavailable_reason
+
+
+class UsageError(ValueError):
+    """A bad argument of `run`: reported in one line."""
 
 
 def torchrun(nnodes: int, nproc: int, rank: int | None, master: str | None, port: int) -> list[str]:
@@ -20,25 +25,59 @@ def torchrun(nnodes: int, nproc: int, rank: int | None, master: str | None, port
     return [*cmd, "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master, "--master-port", str(port)]
 
 
-def cmd_run(a, job: list[str]) -> int:
-    if a.calibration:
+def check_run_args(a) -> None:
+    """Reject what tc or torchrun would misread (a negative rate becomes "18446744Tbit")."""
+    if a.calibration is None:
+        if not (math.isfinite(a.rate_mbit) and a.rate_mbit > 0):
+            raise UsageError(f"--rate-mbit must be a positive number, got {a.rate_mbit:g}")
+        if not (math.isfinite(a.latency_ms) and a.latency_ms >= 0):
+            raise UsageError(f"--latency-ms must be >= 0, got {a.latency_ms:g}")
+    if not 1 <= a.nodes <= 250:
+        raise UsageError(f"--nodes must be in 1..250, got {a.nodes}")
+    for flag, value in (("--nproc-per-node", a.nproc_per_node), ("--threads", a.threads)):
+        if value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if not 1 <= a.port <= 65535:
+        raise UsageError(f"--port must be in 1..65535, got {a.port}")
+    if a.timeout is not None and not a.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {a.timeout:g}")
+
+
+def read_link(a) -> tuple[dict | None, LinkSpec]:
+    """The link to emulate: the calibration's, or --rate-mbit / --latency-ms."""
+    if not a.calibration:
+        return None, LinkSpec(a.rate_mbit * 1e6, a.latency_ms / 1e3)
+    try:
         cal = json.loads(open(a.calibration).read())
-        rate, latency = cal["link_rate_bps"], cal["link_latency_s"]
-    else:
-        cal, rate, latency = None, a.rate_mbit * 1e6, a.latency_ms / 1e3
+        return cal, LinkSpec(float(cal["link_rate_bps"]), float(cal["link_latency_s"]))
+    except OSError as exc:
+        raise UsageError(f"--calibration {a.calibration}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--calibration {a.calibration}: not a calibration ({type(exc).__name__}: {exc})") from None
+
+
+def cmd_run(a, job: list[str]) -> int:
+    check_run_args(a)
+    cal, link = read_link(a)
     threads = str(a.threads)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
     reason = unavailable_reason()
-    link = LinkSpec(rate, latency)
-    record = {"nodes": a.nodes, "nproc_per_node": a.nproc_per_node, "link_rate_mbit": rate / 1e6,
-              "link_latency_ms": latency * 1e3, "link_burst_bytes": link.burst_bytes, "calibration": cal}
+    record = {"nodes": a.nodes, "nproc_per_node": a.nproc_per_node, "link_rate_mbit": link.rate_bps / 1e6,
+              "link_latency_ms": link.latency_s * 1e3, "link_burst_bytes": link.burst_bytes, "calibration": cal}
     if reason:
         print(f"fp4quant.cluster: emulated cluster unavailable ({reason}); running on loopback instead",
               file=sys.stderr)
         if a.record:
             atomic_write_json(a.record, {**record, "emulated": False, "reason": reason, **_prov()})
-        return subprocess.run(torchrun(1, a.nodes * a.nproc_per_node, None, None, a.port) + job,
-                              env={**os.environ, **env}).returncode
+        lifeline = Lifeline()  # the job dies with this process, however it ends
+        try:
+            proc = lifeline.popen(torchrun(1, a.nodes * a.nproc_per_node, None, None, a.port) + job,
+                                  env={**os.environ, **env})
+            return wait_all([proc], a.timeout)[0] or 0
+        finally:
+            lifeline.cut()
+    for name in cleanup_stale():
+        print(f"fp4quant.cluster: removed {name}, left behind by a run that was killed", file=sys.stderr)
     with EmulatedCluster(a.nodes, link) as cluster:
         master = cluster.members[0].address
         codes = cluster.run_all([torchrun(a.nodes, a.nproc_per_node, i, master, a.port) + job for i in range(a.nodes)],
@@ -46,7 +85,14 @@ def cmd_run(a, job: list[str]) -> int:
         if a.record:
             atomic_write_json(a.record, {**record, "emulated": True, "latency_shaped": cluster.latency_shaped,
                                          **_prov()})
-    return next((c for c in codes if c), 0)
+    failed = next((i for i, c in enumerate(codes) if c), None)
+    if failed is None:
+        return 0
+    if None in codes:
+        stopped = ", ".join(str(i) for i, c in enumerate(codes) if c is None)
+        print(f"fp4quant.cluster: node {failed} failed (exit {codes[failed]}); stopped node(s) {stopped}",
+              file=sys.stderr)
+    return codes[failed]
 
 
 def _prov() -> dict:
@@ -63,7 +109,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fp4quant.cluster", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("check", help="can an emulated cluster be built here?")
-    sub.add_parser("cleanup", help="remove namespaces and links a killed run left behind")
+    sub.add_parser("cleanup", help="remove the namespaces and links of runs whose owner process is dead "
+                                 "(killed by SIGKILL, say); a live run's are never touched")
     c = sub.add_parser("calibrate", help="measure this machine and choose the emulated link")
     c.add_argument("--model", default="tiny")
     c.add_argument("--seq-len", type=int, default=128)
@@ -79,7 +126,7 @@ def main(argv=None) -> int:
     r.add_argument("--nproc-per-node", type=int, default=1)
     r.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
     r.add_argument("--port", type=int, default=29600)
-    r.add_argument("--timeout", type=float, default=None)
+    r.add_argument("--timeout", type=float, default=None, help="seconds; past it every node is stopped (exit 124)")
     r.add_argument("--record", help="write what the job ran on (emulated or loopback, link) to this JSON")
     a = ap.parse_args(argv)
     if a.command == "check":
@@ -99,7 +146,14 @@ def main(argv=None) -> int:
         return 0
     if not job:
         ap.error("run needs the job after --, e.g. -- -m fp4quant.train ...")
-    return cmd_run(a, job)
+    try:
+        return cmd_run(a, job)
+    except UsageError as exc:
+        print(f"fp4quant.cluster: error: {exc}", file=sys.stderr)
+        return 2
+    except TimeoutError as exc:
+        print(f"fp4quant.cluster: error: --timeout: {exc}", file=sys.stderr)
+        return 124
 
 
 if __name__ == "__main__":

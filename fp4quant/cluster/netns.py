@@ -7,23 +7,30 @@ Processes started in a node's namespace reach the others only across these links
 gloo traffic between nodes crosses a constrained link while traffic inside a node stays
 on its loopback.
 
-Everything created carries the prefix ``fq<id>`` and is removed on exit -- normal,
-exception, SIGINT/SIGTERM, or atexit -- together with every process started inside.
-``cleanup_stale()`` removes what a killed (SIGKILL) earlier run left behind.
+Everything created carries the prefix ``fq<pid>``, the process id of its owner, and is
+removed on exit -- normal, exception, SIGINT/SIGTERM, or atexit -- together with every
+process started inside.  Every job runs under a guard (:mod:`.guard`) that kills it when the
+owner dies, even by SIGKILL; ``cleanup_stale()`` then removes the namespaces and links such
+an owner left behind, and only those: never a live emulation's.
 """
 
 from __future__ import annotations
 
 import atexit
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
-import time
 from dataclasses import dataclass, field
+
+from .guard import Lifeline, stop, wait_all
 
 PREFIX = "fq"
 SUBNET = "10.213"
+# fq<owner pid> + n<i> (namespace), h<i> (host end of a link), br (bridge); probes: fqprobe<pid>, fqnem<pid>
+OWNED_NAME = re.compile(rf"^{PREFIX}(?:(\d+)(?:n\d+|h\d+|br)|(?:probe|nem)(\d+))$")
 
 
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -50,7 +57,7 @@ def unavailable_reason() -> str | None:
 
 def kernel_has_netem() -> bool:
     """Whether tc can add netem (latency) qdiscs: probed on a throwaway dummy link."""
-    name = f"{PREFIX}nem{os.getpid() % 100000}"
+    name = f"{PREFIX}nem{os.getpid()}"
     if _run("ip", "link", "add", name, "type", "dummy", check=False).returncode:
         return False
     try:
@@ -66,6 +73,12 @@ class LinkSpec:
     rate_bps: float
     latency_s: float = 0.0
     burst_bits: int = 1 << 20  # at least 1 Mbit: smaller buckets cap throughput well below the rate
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.rate_bps) and self.rate_bps > 0):
+            raise ValueError(f"link rate must be a positive number of bits/s, got {self.rate_bps}")
+        if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise ValueError(f"link latency must be >= 0 seconds, got {self.latency_s}")
 
     @property
     def burst_bytes(self) -> int:
@@ -85,14 +98,16 @@ class Node:
 
 @dataclass
 class EmulatedCluster:
-    """``with EmulatedCluster(2, LinkSpec(20e6)) as c: c.popen(0, [...])``"""
+    """``with EmulatedCluster(2, LinkSpec(20e6)) as c: c.popen(0, [...])``  (one at a time per process:
+    its names carry the owner's process id)."""
 
     nodes: int
     link: LinkSpec
-    tag: str = field(default_factory=lambda: f"{os.getpid() % 100000}")
+    tag: str = field(default_factory=lambda: str(os.getpid()))
     members: list[Node] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     latency_shaped: bool = False
+    lifeline: Lifeline | None = None
 
     @property
     def bridge(self) -> str:
@@ -105,6 +120,7 @@ class EmulatedCluster:
         if not 1 <= self.nodes <= 250:
             raise ValueError(f"nodes must be in 1..250, got {self.nodes}")
         self._install_handlers()
+        self.lifeline = Lifeline()
         try:
             self._create()
         except BaseException:
@@ -147,17 +163,10 @@ class EmulatedCluster:
 
     def close(self) -> None:
         """Stop every process started in the cluster, then remove namespaces, links and bridge."""
-        for p in self.processes:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for p in self.processes:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        if self.lifeline is not None:
+            self.lifeline.cut()  # every guard now kills its job
+            self.lifeline = None
+        stop(self.processes)
         for node in self.members:
             _kill_namespace_processes(node.netns)
             _run("ip", "netns", "delete", node.netns, check=False)
@@ -185,28 +194,20 @@ class EmulatedCluster:
     # ---- running ------------------------------------------------------------------------
 
     def popen(self, node: int, cmd: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
-        """Start ``cmd`` inside node ``node``'s namespace (a new session: stopped as a group)."""
+        """Start ``cmd`` inside node ``node``'s namespace, under a guard that kills it (and
+        everything it starts) when the cluster is closed or its owner dies."""
         n = self.members[node]
         full_env = {**os.environ, **(env or {}), "GLOO_SOCKET_IFNAME": n.ifname}
-        p = subprocess.Popen(["ip", "netns", "exec", n.netns, *cmd], env=full_env, start_new_session=True, **kwargs)
+        p = self.lifeline.popen(["ip", "netns", "exec", n.netns, *cmd], env=full_env, **kwargs)
         self.processes.append(p)
         return p
 
     def run_all(self, cmds: list[list[str]], timeout: float | None = None, env: dict[str, str] | None = None,
-                **kwargs) -> list[int]:
-        """Run one command per node concurrently; return their exit codes.  The first failure
-        stops the others (a half-dead distributed job would otherwise wait forever)."""
-        procs = [self.popen(i, cmd, env, **kwargs) for i, cmd in enumerate(cmds)]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs) or (deadline and time.monotonic() > deadline):
-                time.sleep(2)
-                for p in procs:
-                    if p.poll() is None:
-                        os.killpg(p.pid, signal.SIGKILL)
-                break
-            time.sleep(0.1)
-        return [p.wait() for p in procs]
+                **kwargs) -> list[int | None]:
+        """Run one command per node concurrently; return their exit codes (None: stopped because
+        another node failed first).  Past ``timeout`` seconds every node is stopped and
+        TimeoutError raised."""
+        return wait_all([self.popen(i, cmd, env, **kwargs) for i, cmd in enumerate(cmds)], timeout)
 
 
 def _kill_namespace_processes(netns: str) -> None:
@@ -218,18 +219,40 @@ def _kill_namespace_processes(netns: str) -> None:
             pass
 
 
+def owner_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def stale_owner(name: str) -> bool:
+    """Whether ``name`` is one of ours whose owner (the process id in it) is gone."""
+    m = OWNED_NAME.match(name)
+    return m is not None and not owner_alive(int(m.group(1) or m.group(2)))
+
+
 def cleanup_stale() -> list[str]:
-    """Remove namespaces and links an earlier, killed run left behind (prefix fq<id>)."""
+    """Remove the namespaces and links of emulations whose owner is dead (killed by SIGKILL,
+    say); a live emulation's are never touched.  Returns the names removed."""
     removed = []
     for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
-        if name.startswith(PREFIX) and "n" in name[len(PREFIX):]:
+        if stale_owner(name):
             _kill_namespace_processes(name)
             _run("ip", "netns", "delete", name, check=False)
             removed.append(name)
     for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if name.startswith(PREFIX) and (name.endswith("br") or "h" in name[len(PREFIX):]):
+        if stale_owner(name):
             _run("ip", "link", "delete", name, check=False)
             removed.append(name)
     return removed

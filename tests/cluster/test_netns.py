@@ -12,11 +12,10 @@ import time
 
 import pytest
 
-from fp4quant.cluster import EmulatedCluster, LinkSpec, cleanup_stale, unavailable_reason
-from fp4quant.cluster.__main__ import main as cluster_main
+from _netns_helpers import leftovers, needs_cluster
 
-REASON = unavailable_reason()
-needs_cluster = pytest.mark.skipif(REASON is not None, reason=f"emulated cluster unavailable here: {REASON}")
+from fp4quant.cluster import EmulatedCluster, LinkSpec, cleanup_stale
+from fp4quant.cluster.__main__ import main as cluster_main
 
 # the receiver times the transfer (a sender's sendall returns once the kernel has buffered it)
 SERVER = "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 29700)); s.listen(); c,_=s.accept(); n=0\n" \
@@ -24,12 +23,6 @@ SERVER = "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 29700)); s.l
          "while True:\n    b=c.recv(1<<20)\n    if not b: break\n    n+=len(b)\nprint(n, time.time()-t)"
 CLIENT = "import socket,sys,time; time.sleep(0.5); c=socket.create_connection((sys.argv[1], 29700)); " \
          "c.sendall(b'x'*int(sys.argv[2])); c.close()"
-
-
-def leftovers(tag: str) -> list[str]:
-    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    return [line for line in (ns + links).splitlines() if f"fq{tag}" in line]
 
 
 @needs_cluster

@@ -100,6 +100,14 @@ def test_whole_pipeline_at_ci_scale(tmp_path):
     r = snakemake("-n", "--cores", "2", "--configfile", str(REPO / "workflow/config/ci.yaml"), cwd=tmp_path)
     assert "figure" in r.stdout and "train " not in r.stdout
 
+    # results carry the commit that computed them: at another commit everything is computed again
+    env = {**os.environ, "GIT_DIR": str(tmp_path / "no-git"), "FP4QUANT_COMMIT": "0" * 40}
+    r = subprocess.run([*SNAKEMAKE, "-n", "--cores", "2", "--configfile", str(REPO / "workflow/config/ci.yaml")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "Params have changed since last execution" in r.stdout
+    for rule in ("build_extension", "prepare_data", "cluster_train", "collect_results", "figure", "table"):
+        assert f"rule {rule}:" in r.stdout
+
 
 def _load_launch():
     spec = importlib.util.spec_from_file_location("launch", REPO / "workflow/scripts/launch.py")

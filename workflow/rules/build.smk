@@ -12,6 +12,8 @@ rule build_extension:
         cuda=f"{OUT}/build/cuda_compile.txt",
     log:
         f"{OUT}/logs/build_extension.log",
+    params:
+        provenance=PROVENANCE_KEY,  # a new commit, torch or machine reruns everything after this rule
     shell:
         "({BUILD} && cd {BASE} && {PY} workflow/scripts/cuda_compile_check.py $OLDPWD/{output.cuda} && cd $OLDPWD"
         " && {PY} -m fp4quant.info --json > {output.info}.tmp && mv {output.info}.tmp {output.info}) > {log} 2>&1"

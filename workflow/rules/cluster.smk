@@ -53,10 +53,12 @@ rule cluster_train:
         args=train_args,
         run=lambda wc: run_dir(wc.comm, wc.seed),
         nproc=lambda wc: TRAIN["tp"] // NODES,
+        fresh=lambda wc, input: fresh_run(wc, f"cluster --nodes {NODES} {train_args(wc)}", input),
     threads: workflow.cores
     shell:
-        "{PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES} --nproc-per-node {params.nproc}"
-        " --record {output.record} -- -m fp4quant.train {params.args} --out {params.run} > {log} 2>&1"
+        "{params.fresh} > {log} 2>&1 && {PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES}"
+        " --nproc-per-node {params.nproc} --record {output.record} -- -m fp4quant.train {params.args}"
+        " --out {params.run} >> {log} 2>&1"
 
 
 rule projection:

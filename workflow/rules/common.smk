@@ -1,5 +1,10 @@
-# Paths, the run list and the launcher command shared by the rules.
+# Paths, the run list, the launcher command and the provenance key shared by the rules.
+import json
+import shlex
 import shutil
+
+import torch
+from fp4quant.provenance import git_commit, hardware
 
 PROFILE = config["profile"]
 OUT = f"data/{PROFILE}"
@@ -26,12 +31,29 @@ if not HAVE_LATEXMK:
           "(paper/main.tex includes the generated tables and figures)", file=sys.stderr)
 
 
+# What every result depends on beyond its rule's inputs: the code's commit, torch and, where the
+# jobs run on this machine, its hardware.  It is a parameter of the rules at the root of the
+# graph (build_extension, prepare_data), so when it changes -- a new commit, say -- Snakemake
+# reruns them and everything after them ("Params have changed"), and no figure set ever puts
+# results of two commits or machines side by side (the analysis steps also check it).
+PROVENANCE_KEY = f"{git_commit()}, torch {torch.__version__}" + (
+    f", {hardware()}" if config["launcher"]["kind"] == "torchrun" else "")  # elsewhere jobs run on other hosts
+
+
 def run_dir(comm, seed):
     """The folder of the training run of one TP communication preset and seed."""
     return f"{OUT}/{'cluster/' if EMULATED else ''}runs/{MODEL}/{comm}/seed{seed}"
 
 
 RUN_DIRS = [run_dir(c, s) for c in RUN_COMMS for s in TRAIN["seeds"]]
+
+
+def fresh_run(wildcards, args, inputs):
+    """The command that empties a run folder unless it holds a run of exactly this job (same
+    provenance key, arguments and input files), which the trainer then resumes after an interruption."""
+    key = json.dumps({"provenance": PROVENANCE_KEY, "args": args})
+    return (f"{PY} {BASE}/workflow/scripts/fresh_run.py {run_dir(wildcards.comm, wildcards.seed)} {shlex.quote(key)} "
+            + " ".join(inputs))
 
 
 def launcher(nproc=None):

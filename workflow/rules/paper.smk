@@ -1,4 +1,6 @@
-# Figures (seaborn) and LaTeX tables from the tidy CSVs; the paper PDF where latexmk exists.
+# Figures (seaborn) and LaTeX tables from the tidy CSVs; the paper PDF where latexmk exists.  Each
+# refuses inputs of two machines, commits or torch versions (fp4quant.analysis.origin) and
+# stamps its own provenance (PDF metadata, a comment line of the table) for `freeze`.
 
 RESULTS = f"{OUT}/results"
 
@@ -14,7 +16,8 @@ rule figure:
     log:
         f"{OUT}/logs/figure_{{name}}.log",
     shell:
-        "{PY} -m fp4quant.analysis figure {wildcards.name} --results {RESULTS} --profile {PROFILE} --out {output} 2> {log}"
+        "{PY} -m fp4quant.analysis figure {wildcards.name} --results {RESULTS} --profile {PROFILE} --out {output}"
+        " --inputs {input} 2> {log}"
 
 
 rule table:
@@ -27,7 +30,8 @@ rule table:
     log:
         f"{OUT}/logs/table_{{name}}.log",
     shell:
-        "{PY} -m fp4quant.analysis table {wildcards.name} --results {RESULTS} --profile {PROFILE} --out {output} 2> {log}"
+        "{PY} -m fp4quant.analysis table {wildcards.name} --results {RESULTS} --profile {PROFILE} --out {output}"
+        " --inputs {input} 2> {log}"
 
 
 rule paper_pdf:

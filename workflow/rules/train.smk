@@ -10,6 +10,7 @@ rule prepare_data:
     params:
         inputs=("--input " + " ".join(config.get("data", {}).get("inputs", []))) if config.get("data", {}).get("inputs") else "",
         tokenizer=config.get("data", {}).get("tokenizer", "bytes"),
+        provenance=PROVENANCE_KEY,  # the tokenizer is code too
     shell:
         "{PY} -m fp4quant.data prepare --out {OUT}/tokens {params.inputs} --tokenizer {params.tokenizer} 2> {log}"
 
@@ -43,7 +44,8 @@ rule train:
         launch=launcher(),
         args=train_args,
         run=lambda wc: run_dir(wc.comm, wc.seed),
+        fresh=lambda wc, input: fresh_run(wc, f"{launcher()} {train_args(wc)}", input),
     threads: workflow.cores
     shell:
-        # resumes from the run folder's last checkpoint when rerun after a failure
-        "{params.launch} -m fp4quant.train {params.args} --out {params.run} > {log} 2>&1"
+        # resumes from the run folder's last checkpoint when rerun after an interruption
+        "{params.fresh} > {log} 2>&1 && {params.launch} -m fp4quant.train {params.args} --out {params.run} >> {log} 2>&1"

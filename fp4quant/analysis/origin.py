@@ -1,0 +1,161 @@
+"""Where results come from, and the rule that one figure set never mixes two origins.
+
+Every result the project writes records its provenance (fp4quant.provenance): the hardware,
+the commit and the torch version that produced it -- in a run's summary.json, a benchmark
+CSV's columns and its .meta.json, a cluster record, and (written here) a figure's PDF
+metadata and a LaTeX table's first lines.  ``check_same_origin`` reads them all and refuses
+a mix in one line naming two inputs that differ, so that a figure can never put a training
+run of one machine or commit beside a benchmark of another.
+
+Hardware is compared per kind: CPU descriptions with CPU descriptions, GPU names with GPU
+names (a GPU profile's codec-error benchmark legitimately runs on the host's CPU).  Only
+descriptions of a machine that measured something count (fp4quant.provenance.hardware:
+"<cpu>, <n> cores (CPU)" or "<gpu> (<n> visible)"); a projection's "H100 (assumed)" is not one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+KEYS = ("hardware", "commit", "torch")
+FIX = "recompute every result on one machine and commit (make figures-clean figures; " \
+      "or remove data/<profile>/ and rerun snakemake)"
+TEX_MARK = "% provenance: "
+PDF_KEYWORDS = re.compile(rb"/Keywords \(((?:[^\\)]|\\.)*)\)")
+
+
+class MixedOrigin(ValueError):
+    """Inputs of one figure set that come from different hardware, commits or torch versions."""
+
+
+Record = tuple[str, dict[str, str]]  # (which input, its hardware / commit / torch)
+
+
+def pick(d: dict) -> list[dict[str, str]] | None:
+    """The origins ``d`` or its "provenance" entry records (None: neither has every key).  A
+    figure or table made from CPU and GPU results lists both hardware descriptions: one origin each."""
+    for candidate in (d, d.get("provenance") if isinstance(d, dict) else None):
+        if isinstance(candidate, dict) and all(k in candidate for k in KEYS):
+            hardware = candidate["hardware"]
+            return [{"hardware": str(h), "commit": str(candidate["commit"]), "torch": str(candidate["torch"])}
+                    for h in (hardware if isinstance(hardware, list) else [hardware])]
+    return None
+
+
+def records(path: str | Path) -> list[Record]:
+    """The provenance records one input holds (a CSV: one per distinct origin among its rows)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "summary.json"
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file (an input whose origin must be checked)")
+    try:
+        found = _csv_records(p) if p.suffix == ".csv" else _file_records(p) if p.suffix in (".json", ".pdf", ".tex") \
+            else None
+    except (ValueError, csv.Error) as exc:  # a torn or foreign file
+        raise MixedOrigin(f"{p} cannot be read ({type(exc).__name__}: {exc}), so its origin cannot be checked; {FIX}") \
+            from None
+    if found is None:
+        raise MixedOrigin(f"{p} records no provenance ({', '.join(KEYS)}), so its origin cannot be checked; {FIX}")
+    return found
+
+
+def read_stamp(path: str | Path) -> dict:
+    """What a figure (PDF metadata) or LaTeX table (comment line) was stamped with ({}: nothing)."""
+    p = Path(path)
+    if p.suffix == ".pdf":
+        m = PDF_KEYWORDS.search(p.read_bytes())
+        return json.loads(re.sub(rb"\\(.)", rb"\1", m.group(1))) if m else {}
+    line = next((x for x in p.read_text().splitlines() if x.startswith(TEX_MARK)), None)
+    return json.loads(line[len(TEX_MARK):]) if line else {}
+
+
+def _file_records(p: Path) -> list[Record] | None:
+    origins = pick(json.loads(p.read_text()) if p.suffix == ".json" else read_stamp(p))
+    return [(str(p), o) for o in origins] if origins else None
+
+
+def _csv_records(p: Path) -> list[Record] | None:
+    with open(p, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and all(k in rows[0] for k in KEYS):
+        seen: dict[tuple, Record] = {}
+        for i, row in enumerate(rows):
+            origin = tuple(row[k] for k in KEYS)
+            where = f"{p} (run {row['run']})" if row.get("run") else f"{p} (row {i + 2})"
+            seen.setdefault(origin, (where, dict(zip(KEYS, origin))))
+        return list(seen.values())
+    meta = p.with_name(p.name + ".meta.json")
+    if meta.exists():
+        found = _file_records(meta)
+        return [(f"{p} ({meta.name})", o) for _, o in found] if found else None
+    return [] if not rows else None  # an empty table has nothing to mix
+
+
+CPU_HARDWARE = re.compile(r", \d+ cores \(CPU\)$")
+GPU_HARDWARE = re.compile(r" \(\d+ visible\)$")
+
+
+def hardware_kind(hardware: str) -> str | None:
+    """'cpu', 'gpu', or None for a description that fp4quant.provenance.hardware did not write."""
+    return "cpu" if CPU_HARDWARE.search(hardware) else "gpu" if GPU_HARDWARE.search(hardware) else None
+
+
+def _comparable(key: str, value: str) -> str:
+    if key == "hardware":
+        return GPU_HARDWARE.sub("", value)  # how many GPUs a job saw is not the hardware
+    return value
+
+
+def _show(key: str, value: str) -> str:
+    if key == "commit":
+        base, _, dirty = value.partition("+")
+        return base[:12] + ("+" + dirty if dirty else "")
+    return value if key != "torch" else f"torch {value}"
+
+
+def check_same_origin(paths: Iterable[str | Path]) -> dict:
+    """The common provenance of ``paths`` (files, or run folders holding summary.json); raise
+    MixedOrigin naming two that differ.  Hardware may differ only between a CPU and a GPU, so
+    the result's "hardware" is a list: one description per kind present."""
+    first: dict[tuple[str, str], Record] = {}  # (key, hardware kind or "") -> first record seen
+    for path in paths:
+        for where, origin in records(path):
+            for k in KEYS:
+                scope = (k, hardware_kind(origin[k]) if k == "hardware" else "")
+                if scope[1] is None:
+                    continue
+                seen = first.setdefault(scope, (where, origin))
+                if _comparable(k, seen[1][k]) != _comparable(k, origin[k]):
+                    raise MixedOrigin(f"mixed results: {seen[0]} comes from {_show(k, seen[1][k])} but {where} "
+                                      f"from {_show(k, origin[k])}; {FIX}")
+    if not first:
+        return {}
+    return {"hardware": sorted(rec[1]["hardware"] for (k, _), rec in first.items() if k == "hardware"),
+            "commit": first[("commit", "")][1]["commit"], "torch": first[("torch", "")][1]["torch"]}
+
+
+def origin_of_frame(df, profile: str) -> dict | None:
+    """The provenance of a result table's rows (a pandas DataFrame) and the workflow profile, to
+    stamp on a figure or table made from them."""
+    if not len(df) or not all(k in df for k in KEYS):
+        return None
+    return {"hardware": sorted(set(df["hardware"].astype(str))), "commit": str(df["commit"].iloc[0]),
+            "torch": str(df["torch"].iloc[0]), "profile": profile}
+
+
+def stamp_tex(text: str, origin: dict | None) -> str:
+    """A generated LaTeX table with its provenance as a comment line after the first."""
+    if origin is None:
+        return text
+    head, _, rest = text.partition("\n")
+    return f"{head}\n{TEX_MARK}{json.dumps(origin, sort_keys=True)}\n{rest}"
+
+
+def pdf_metadata(origin: dict | None) -> dict[str, str]:
+    """PDF metadata (for matplotlib's savefig) that carries the provenance."""
+    return {} if origin is None else {"Keywords": json.dumps(origin, sort_keys=True)}

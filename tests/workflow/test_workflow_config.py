@@ -1,0 +1,92 @@
+"""The workflow's configuration: every mistake is one line naming the key, before any rule runs."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fp4quant.format import PRESETS
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+CI = yaml.safe_load((REPO / "workflow/config/ci.yaml").read_text())
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "workflow/scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+config_check = _load("config_check")
+
+
+def with_change(change) -> dict:
+    config = copy.deepcopy(CI)
+    change(config)
+    return config
+
+
+def error_of(config) -> str:
+    with pytest.raises(config_check.ConfigError) as info:
+        config_check.check(config, SCHEMA)
+    return str(info.value)
+
+
+def test_the_shipped_configurations_pass():
+    default = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
+    for name in ("default", "ci", "h100", "loopback"):
+        config_check.check({**default, **yaml.safe_load((REPO / f"workflow/config/{name}.yaml").read_text())}, SCHEMA)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c["train"].update(stpes=c["train"].pop("steps")), "train.stpes is not a known key (did you mean steps?)"),
+    (lambda c: c.update(trian=c.pop("train")), "trian is not a known key (did you mean train?)"),
+    (lambda c: c["train"].pop("seeds"), "train.seeds is missing (required)"),
+    (lambda c: c["train"].update(tp="zero"), "train.tp must be an integer, got 'zero'"),
+    (lambda c: c["train"].update(tp=0), "train.tp must be >= 1, got 0"),
+    (lambda c: c["train"].update(lr=0), "train.lr must be > 0, got 0"),
+    (lambda c: c["launcher"].update(kind="slurm"), "launcher.kind must be one of torchrun, srun, nodelist, got 'slurm'"),
+    (lambda c: c["train"].update(comms=[]), "train.comms must list at least 1 item, got []"),
+    (lambda c: c["train"].update(comms=["bf16", "fp4quantt"]),
+     "train.comms[1]: 'fp4quantt' is not a TP communication preset (did you mean fp4quant?)"),
+    (lambda c: c["bench"].update(collective_presets=["bf16"]),
+     "bench.collective_presets[0]: the collective benchmark does not measure 'bf16'"),
+    (lambda c: c["cluster"].update(nodes=4),
+     "cluster.nodes: 4 does not divide train.tp: 2 (each emulated node runs tp / nodes ranks of the TP group)"),
+    (lambda c: (c["cluster"].update(enabled=False), c["train"].update(tp=4)),
+     "train.tp: 4 does not divide the launcher's 2 ranks (1 node(s) x launcher.nproc_per_node 2)"),
+])
+def test_a_mistake_is_one_line_naming_the_key(change, message):
+    assert error_of(with_change(change)).startswith(message)
+
+
+def test_communication_presets_come_from_the_code():
+    for comm in (*PRESETS, "exact"):
+        config_check.check(with_change(lambda c, comm=comm: c["train"].update(comms=[comm])), SCHEMA)
+    assert set(config_check.TRAIN_COMMS) == {*PRESETS, "exact"}
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("  steps: 4", "  stpes: 4"), "config error: train.stpes is not a known key (did you mean steps?)"),
+    (("comms: [bf16, fp4quant]", "comms: [bf16, fp4quantt]"),
+     "config error: train.comms[1]: 'fp4quantt' is not a TP communication preset (did you mean fp4quant?)"),
+    (("  nodes: 2", "  nodes: 4"), "config error: cluster.nodes: 4 does not divide train.tp: 2"),
+])
+def test_snakemake_reports_a_bad_configuration_in_one_line(edit, message, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    text = (REPO / "workflow/config/ci.yaml").read_text()
+    assert edit[0] in text
+    bad.write_text(text.replace(*edit))
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-n", "--cores", "1",
+                        "--configfile", str(bad)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if "is extended by additional config" not in line]
+    assert len(lines) == 1 and lines[0].startswith(message), r.stdout + r.stderr
