@@ -101,7 +101,8 @@ QuantizeArgs quantize_args(const at::Tensor& x, const Config& cfg, const c10::op
 }
 
 DequantizeArgs dequantize_args(const at::Tensor& msgs, int64_t n, const Config& cfg,
-                               const c10::optional<at::Tensor>& signs, at::ScalarType dtype, at::Tensor& out) {
+                               const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate,
+                               at::Tensor& out) {
   TORCH_CHECK(n >= 0, "fp4quant.dequantize: n must be >= 0, got ", n);
   const Layout lay = make_layout(cfg, n);
   check_messages(msgs, lay, "msgs");
@@ -114,6 +115,7 @@ DequantizeArgs dequantize_args(const at::Tensor& msgs, int64_t n, const Config& 
   a.out = out.data_ptr();
   a.out_dtype = dtype_code(dtype, "dtype");
   a.signs = signs_ptr(signs, cfg, msgs.device());
+  a.saturate = saturate;
   return a;
 }
 
@@ -159,11 +161,11 @@ at::Tensor quantize_cpu(const at::Tensor& x_in, at::IntArrayRef config, const c1
 }
 
 at::Tensor dequantize_cpu(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
-                          const c10::optional<at::Tensor>& signs, at::ScalarType dtype) {
+                          const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate) {
   const Config cfg = parse_config(config);
   const at::Tensor msgs = msgs_in.contiguous();
   at::Tensor out;
-  const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, out);
+  const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, saturate, out);
   cpu::best_kernels().dequantize(a, torch_parallel_for);
   return out;
 }
@@ -198,12 +200,12 @@ at::Tensor quantize_cuda(const at::Tensor& x_in, at::IntArrayRef config, const c
 }
 
 at::Tensor dequantize_cuda(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
-                           const c10::optional<at::Tensor>& signs, at::ScalarType dtype) {
+                           const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate) {
   const Config cfg = parse_config(config);
   const at::Tensor msgs = msgs_in.contiguous();
   const c10::cuda::CUDAGuard guard(msgs.device());
   at::Tensor out;
-  const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, out);
+  const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, saturate, out);
   check_cuda(cuda::dequantize(a, at::cuda::getCurrentCUDAStream().stream()), "dequantize");
   return out;
 }
@@ -227,7 +229,7 @@ at::Tensor dequantize_reduce_cuda(const at::Tensor& msgs_in, int64_t n, at::IntA
 
 TORCH_LIBRARY(fp4quant, m) {
   m.def("quantize(Tensor x, int[] config, Tensor? signs, int seed, int offset) -> Tensor");
-  m.def("dequantize(Tensor msgs, int n, int[] config, Tensor? signs, ScalarType dtype) -> Tensor");
+  m.def("dequantize(Tensor msgs, int n, int[] config, Tensor? signs, ScalarType dtype, bool saturate=True) -> Tensor");
   m.def(
       "dequantize_reduce(Tensor msgs, int n, int[] config, Tensor? signs, ScalarType dtype, bool requantize, "
       "int seed, int offset) -> Tensor");

@@ -128,6 +128,16 @@ FP4Q_HD float floor_f(float a) {
 // Normalization exponent of a block (docs/format.md step 1; decoding uses it on c).
 FP4Q_HD int normalizing_exponent(float amax) { return clampi(exponent_bits(amax), -126, 126); }
 
+constexpr float kF32Max = 3.4028234663852886e38f;
+
+// v * f, a finite v saturating at +-kF32Max instead of overflowing (the way back from a
+// normalized FWHT group without a coarse scale; NaN and +-inf stay as they are).
+FP4Q_HD float mul_saturating(float v, float f) {
+  const float r = v * f;
+  if (is_finite(v) && !is_finite(r)) return sign_bit(v) ? -kF32Max : kF32Max;
+  return r;
+}
+
 // ---- rounding onto a grid (fp4quant/format/elements.py: Grid.round) ----
 
 struct Grid {
@@ -281,6 +291,19 @@ FP4Q_HD uint16_t float_to_bf16_rne(float f) {
 
 FP4Q_HD float bf16_value(uint16_t b) { return u2f(uint32_t(b) << 16); }
 
+// ---- the output cast of decoded values (docs/format.md "Decoding") ----
+// saturate: values past the dtype's finite range become its maximum (one message: its input
+// was finite, the excess is quantization error); otherwise they round to +-inf as a cast
+// does (a sum that overflows).  Round to nearest even; NaN stays NaN.
+
+constexpr float kBF16Max = 3.3895313892515355e38f;
+constexpr float kHalfMax = 65504.0f;
+
+FP4Q_HD float clamp_keep_nan(float v, float bound) { return max_keep_nan(min_keep_nan(v, bound), -bound); }
+FP4Q_HD float out_f32(float v, bool saturate) { return saturate ? clamp_keep_nan(v, kF32Max) : v; }
+FP4Q_HD uint16_t out_bf16(float v, bool saturate) { return float_to_bf16_rne(saturate ? clamp_keep_nan(v, kBF16Max) : v); }
+FP4Q_HD uint16_t out_half(float v, bool saturate) { return float_to_half_rne(saturate ? clamp_keep_nan(v, kHalfMax) : v); }
+
 // ---- scales ----
 
 FP4Q_HD float scale_min(int32_t fmt) { return fmt == kScaleE4M3 ? 0.015625f : 6.103515625e-05f; }
@@ -382,11 +405,19 @@ FP4Q_HD uint32_t quantize_value(const Config& cfg, float v, float u) {
   return element_code(cfg.element, q, sign_bit(v));
 }
 
-// Decoding scale s of a micro-group from its stored micro-scale and its coarse scale c.
-FP4Q_HD float decode_micro(const Config& cfg, uint32_t stored, float c) {
-  if (cfg.micro_scale == kScaleNone) return c;
-  float m = decode_scale(stored, cfg.micro_scale);
-  return cfg.coarse != kCoarseNone ? m * c : m;
+// Decoding scale s of a micro-group from its stored micro-scale and f: its coarse scale
+// (times 2**-E, docs/format.md "Decoding"), or without a coarse scale 2**-E (1: none).
+FP4Q_HD float decode_micro(const Config& cfg, uint32_t stored, float f) {
+  if (cfg.micro_scale == kScaleNone) return f;
+  return decode_scale(stored, cfg.micro_scale) * f;
+}
+
+// Whether decoding normalizes a block by 2**-E: with a coarse scale (E from it), and for
+// FWHT groups of e8m0 micro-scales (E from the largest finite one: e8m0 spans 2**+-127,
+// where the inverse FWHT and sums would overflow).  e4m3 and fp16 micro-scales bound the
+// decoded values (by 6 * 448, 7 * 65504) well inside float32's normal range: no need.
+FP4Q_HD bool decode_normalizes(const Config& cfg) {
+  return cfg.coarse != kCoarseNone || (cfg.fwht && cfg.micro_scale == kScaleE8M0);
 }
 
 }  // namespace fp4q

@@ -32,10 +32,13 @@ struct DequantizeArgs {
   void* out;             // rows x n
   int32_t out_dtype;
   const float* signs;
+  bool saturate;         // values past out_dtype's range saturate (else +-inf: messages that hold sums)
 };
 
-// dequantize_reduce: sum `world` messages in the transformed domain (row order), then
-// either re-quantize the sum into one message or inverse-transform it into n values.
+// dequantize_reduce: sum `world` messages in the transformed domain (row order), each block
+// against 2**-E (E: the largest of the messages' block exponents), then either re-quantize
+// the sum into one message or inverse-transform it into n values (past out_dtype's range:
+// +-inf, unless world == 1, which saturates like dequantize).
 struct ReduceArgs {
   Config cfg;
   Layout lay;

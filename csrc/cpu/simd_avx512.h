@@ -77,19 +77,21 @@ inline void load_values(const void* x, int32_t dtype, int64_t first, int64_t cou
   }
 }
 
-// Saturate to the dtype's range keeping NaN (min_ps(bound, x) returns x when x is NaN),
-// then round to the dtype.  count is a multiple of 16.
-inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first) {
+// Saturate to the dtype's range keeping NaN (min_ps(bound, x) returns x when x is NaN) when
+// `saturate`, then round to the dtype (fp4quant.h: out_f32).  count is a multiple of 16.
+inline __m512 clamp_ps(__m512 v, float bound, bool saturate) {
+  if (!saturate) return v;
+  return _mm512_max_ps(_mm512_set1_ps(-bound), _mm512_min_ps(_mm512_set1_ps(bound), v));
+}
+
+inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate) {
   if (dtype == kF32) {
-    const __m512 hi = _mm512_set1_ps(3.4028234663852886e38f), lo = _mm512_set1_ps(-3.4028234663852886e38f);
     float* p = static_cast<float*>(out) + first;
-    for (int64_t i = 0; i < count; i += 16)
-      _mm512_storeu_ps(p + i, _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_loadu_ps(buf + i))));
+    for (int64_t i = 0; i < count; i += 16) _mm512_storeu_ps(p + i, clamp_ps(_mm512_loadu_ps(buf + i), kF32Max, saturate));
   } else if (dtype == kBF16) {
-    const __m512 hi = _mm512_set1_ps(3.3895313892515355e38f), lo = _mm512_set1_ps(-3.3895313892515355e38f);
     uint16_t* p = static_cast<uint16_t*>(out) + first;
     for (int64_t i = 0; i < count; i += 16) {
-      const __m512 v = _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_loadu_ps(buf + i)));
+      const __m512 v = clamp_ps(_mm512_loadu_ps(buf + i), kBF16Max, saturate);
       __m512i u = _mm512_castps_si512(v);
       const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
       u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
@@ -97,10 +99,9 @@ inline void store_values(const float* buf, int64_t count, void* out, int32_t dty
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + i), _mm512_cvtepi32_epi16(u));
     }
   } else {
-    const __m512 hi = _mm512_set1_ps(65504.0f), lo = _mm512_set1_ps(-65504.0f);
     uint16_t* p = static_cast<uint16_t*>(out) + first;
     for (int64_t i = 0; i < count; i += 16) {
-      const __m512 v = _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_loadu_ps(buf + i)));
+      const __m512 v = clamp_ps(_mm512_loadu_ps(buf + i), kHalfMax, saturate);
       __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       // canonical NaN 0x7E00 with the sign, as c10::Half and the scalar path produce
       const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);

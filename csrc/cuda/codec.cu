@@ -14,73 +14,12 @@
 // atomicMax-es float bits into reduce_scratch (zeroed by the caller); with the FWHT a
 // second pre-pass writes the normalized, transformed rows to the workspace (as the CPU
 // codec does) and their maxima; then the main kernel encodes.
-#include <mutex>
-#include <vector>
-
 #include "common.cuh"
 #include "launch.h"
 
 namespace fp4q {
 namespace cuda {
 namespace detail {
-
-int device_info(DeviceInfo* info) {
-  constexpr int kMaxDevices = 64;
-  static std::mutex mu;
-  static DeviceInfo cache[kMaxDevices];
-  static bool known[kMaxDevices] = {};
-  int dev = 0;
-  if (cudaError_t err = cudaGetDevice(&dev)) return int(err);
-  std::lock_guard<std::mutex> lock(mu);
-  if (dev >= 0 && dev < kMaxDevices && known[dev]) {
-    *info = cache[dev];
-    return 0;
-  }
-  DeviceInfo d{};
-  int pools = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-  if (!err) err = cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (!err) err = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev);
-  if (err) return int(err);
-  d.mem_pools = pools != 0;
-  if (dev >= 0 && dev < kMaxDevices) {
-    cache[dev] = d;
-    known[dev] = true;
-  }
-  *info = d;
-  return 0;
-}
-
-int persistent_grid(const void* kernel, int threads, size_t smem, int64_t tiles, int* grid) {
-  struct Entry {
-    int dev;
-    const void* kernel;
-    int threads;
-    size_t smem;
-    int blocks;
-  };
-  static std::mutex mu;
-  static std::vector<Entry> cache;  // a few dozen (kernel, shape) pairs per device
-  DeviceInfo d;
-  if (int err = device_info(&d)) return err;
-  int dev = 0;
-  if (cudaError_t err = cudaGetDevice(&dev)) return int(err);
-  int blocks = -1;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (const Entry& e : cache)
-      if (e.dev == dev && e.kernel == kernel && e.threads == threads && e.smem == smem) blocks = e.blocks;
-  }
-  if (blocks < 0) {
-    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem);
-    if (err) return int(err);
-    std::lock_guard<std::mutex> lock(mu);
-    cache.push_back(Entry{dev, kernel, threads, smem, blocks});
-  }
-  const int64_t resident = int64_t(d.sms) * (blocks > 0 ? blocks : 1);  // 0: let the launch report why
-  *grid = int(tiles < resident ? tiles : resident);
-  return 0;
-}
 
 namespace {
 
@@ -93,9 +32,10 @@ constexpr int kDefaultSmem = 48 << 10;  // dynamic shared memory allowed without
 FP4Q_DEV int gpad(int i) { return i + (i >> 5); }
 __host__ __device__ inline int64_t gpadded_floats(int64_t tile) { return tile + (tile >> 5); }
 
-// Value v of the tile's row before encoding (quantize, reduce) or after decoding.
+// Value v of the tile's row before encoding (quantize, reduce) or after decoding; E: the
+// block exponent of v's segment (decoding modes).
 template <int kMode>
-FP4Q_DEV float fill_value(const Params& p, int64_t row, int64_t v) {
+FP4Q_DEV float fill_value(const Params& p, int64_t row, int64_t v, int E) {
   if (v >= p.lay.padded) return 0.0f;
   if (kMode == kModeQuantize || kMode == kModeTransform) {
     if (kMode == kModeQuantize && p.prepared) return p.workspace[row * p.lay.padded + v];
@@ -103,15 +43,43 @@ FP4Q_DEV float fill_value(const Params& p, int64_t row, int64_t v) {
     const char* base = static_cast<const char*>(p.x) + row * p.x_row_stride * value_bytes(p.x_dtype);
     return load_value(base, p.x_dtype, v);
   }
-  if (kMode == kModeDequantize) {
-    const bool normalize = p.cfg.fwht && p.cfg.coarse != kCoarseNone;
-    return decode_value(p, p.msgs + row * p.lay.nbytes, v, normalize);
-  }
+  if (kMode == kModeDequantize) return decode_value(p, p.msgs + row * p.lay.nbytes, v, E);
   if (kMode == kModeReduceRequant && p.cfg.coarse == kCoarseTensor) return p.workspace[v];  // summed by the pre-pass
-  // the reduce modes: decoded in the transformed domain, summed in row order
-  float s = decode_value(p, p.msgs, v, false);
-  for (int64_t w = 1; w < p.world; ++w) s = s + decode_value(p, p.msgs + w * p.lay.nbytes, v, false);
+  // the reduce modes: decoded in the transformed domain against 2**-E, summed in row order
+  float s = decode_value(p, p.msgs, v, E);
+  for (int64_t w = 1; w < p.world; ++w) s = s + decode_value(p, p.msgs + w * p.lay.nbytes, v, E);
   return s;
+}
+
+// seg_E[k] = the block exponent (as int bits) of the tile's segment k where decode_normalizes:
+// the largest over the messages the mode decodes (dequantize: the row's; reduce: all of them),
+// from their coarse scales or (e8m0 FWHT groups) their largest finite micro-scales.  Ends
+// with a barrier.
+template <int kMode>
+FP4Q_DEV void segment_exponents(const Params& p, int64_t row, int64_t start, int tile, int lb, uint32_t* seg_E) {
+  const int nseg = tile >> lb;
+  const uint8_t* msgs = kMode == kModeDequantize ? p.msgs + row * p.lay.nbytes : p.msgs;
+  const int64_t count = kMode == kModeDequantize ? 1 : p.world;
+  if (p.cfg.coarse != kCoarseNone) {
+    for (int k = threadIdx.x; k < nseg; k += blockDim.x) {
+      const int64_t v = start + (int64_t(k) << lb);
+      seg_E[k] = uint32_t(v < p.lay.padded ? coarse_exponent(p, msgs, count, v) : 0);
+    }
+  } else {
+    for (int k = threadIdx.x; k < nseg; k += blockDim.x) seg_E[k] = 0u;
+    __syncthreads();
+    const int lm = p.log2_micro, micros = tile >> lm;
+    for (int64_t q = threadIdx.x; q < micros * count; q += blockDim.x) {
+      const int g = int(q % micros);
+      const int64_t v = start + (int64_t(g) << lm);
+      if (v >= p.lay.padded) continue;
+      const float m = decode_scale(micro_stored(p.lay, msgs + (q / micros) * p.lay.nbytes, v >> lm), kScaleE8M0);
+      atomicMax(&seg_E[g >> (lb - lm)], finite_bits(m));
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < nseg; k += blockDim.x) seg_E[k] = uint32_t(normalizing_exponent(u2f(seg_E[k])));
+  }
+  __syncthreads();
 }
 
 // seg[k] = max(seg[k], finite |values| of the tile's segment k); ends with a barrier.
@@ -157,18 +125,22 @@ __global__ void __launch_bounds__(kThreads) generic_kernel(const Params p) {
   float* buf = p.staging ? p.staging + int64_t(blockIdx.x) * gpadded_floats(tile) : fp4q_smem;
   uint32_t* seg_raw = reinterpret_cast<uint32_t*>(p.staging ? fp4q_smem : fp4q_smem + gpadded_floats(tile));
   uint32_t* seg_y = seg_raw + nseg;  // maxima before / after the FWHT, per segment
+  uint32_t* seg_E = seg_y + nseg;    // decoding modes: block exponents, per segment
+  constexpr bool kDecodes = kMode != kModeQuantize && kMode != kModeTransform;
+  const bool normalized = kDecodes && decode_normalizes(cfg);
   const int64_t tiles = p.rows * p.tiles_per_row;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t row = t / p.tiles_per_row;
     const int64_t start = (t - row * p.tiles_per_row) * tile;
-    for (int i = tid; i < tile; i += T) buf[gpad(i)] = fill_value<kMode>(p, row, start + i);
+    if (normalized) segment_exponents<kMode>(p, row, start, tile, lb, seg_E);
+    for (int i = tid; i < tile; i += T)
+      buf[gpad(i)] = fill_value<kMode>(p, row, start + i, normalized ? int32_t(seg_E[i >> lb]) : 0);
     for (int k = tid; k < nseg; k += T) seg_raw[k] = seg_y[k] = 0u;
     __syncthreads();
 
     if (kMode == kModeDequantize || kMode == kModeReduceOut) {
-      // inverse FWHT (then the signs, then 2**E for dequantize), store
-      const bool normalize = kMode == kModeDequantize && cfg.fwht && cfg.coarse != kCoarseNone;
-      const uint8_t* msg = p.msgs + row * lay.nbytes;
+      // inverse FWHT (then the signs), 2**E, store
+      const bool saturate = output_saturates(p, kMode);
       void* out_row = static_cast<char*>(p.out) + row * lay.n * value_bytes(p.out_dtype);
       if (cfg.fwht) tile_butterflies(buf, tile, lb);
       for (int i = tid; i < tile; i += T) {
@@ -178,9 +150,9 @@ __global__ void __launch_bounds__(kThreads) generic_kernel(const Params p) {
         if (cfg.fwht) {
           x = x * p.inv_sqrt;
           if (p.signs) x = x * p.signs[i & ((1 << lb) - 1)];
-          if (normalize) x = x * pow2(normalizing_exponent(coarse_of(p, msg, v)));
         }
-        store_value(out_row, p.out_dtype, v, x);
+        if (normalized) x = x * pow2(int32_t(seg_E[i >> lb]));
+        store_value(out_row, p.out_dtype, v, x, saturate);
       }
     } else if (kMode == kModeReduceToWorkspace) {
       uint32_t m = 0;
@@ -202,23 +174,34 @@ __global__ void __launch_bounds__(kThreads) generic_kernel(const Params p) {
         const uint32_t* words = p.words + (kMode == kModeReduceRequant ? 0 : 2 * row);
         ts = tensor_scale(cfg, words, kMode == kModeQuantize && cfg.fwht && p.transform);
       }
+      const bool fwht_now = (kMode == kModeQuantize && cfg.fwht && p.transform && !prepared) || kMode == kModeTransform;
+      const bool no_coarse_fwht = cfg.coarse == kCoarseNone && fwht_now;  // normalized per FWHT group
+      // a sum without a coarse scale gets its 2**E back (saturating): no scale can carry it
+      if (kMode == kModeReduceRequant && cfg.coarse == kCoarseNone && normalized) {
+        for (int i = tid; i < tile; i += T) buf[gpad(i)] = mul_saturating(buf[gpad(i)], pow2(int32_t(seg_E[i >> lb])));
+        __syncthreads();
+      }
       // 1. power-of-two normalization (not again for workspace values)
-      if (coarse_group) segment_maxima(buf, tile, lb, seg_raw);
-      if (cfg.coarse != kCoarseNone && !prepared) {
+      if (coarse_group || no_coarse_fwht) segment_maxima(buf, tile, lb, seg_raw);
+      if ((cfg.coarse != kCoarseNone && !prepared) || no_coarse_fwht) {
         for (int i = tid; i < tile; i += T) {
-          const int e = coarse_group ? normalizing_exponent(u2f(seg_raw[i >> lb])) : ts.e;
+          const int e = cfg.coarse == kCoarseTensor ? ts.e : normalizing_exponent(u2f(seg_raw[i >> lb]));
           buf[gpad(i)] = buf[gpad(i)] * pow2(-e);
         }
         __syncthreads();
       }
-      // 2. FWHT (segments are groups)
-      if ((kMode == kModeQuantize && cfg.fwht && p.transform && !prepared) || kMode == kModeTransform) {
+      // 2. FWHT (segments are groups); without a coarse scale, times 2**e again (saturating)
+      if (fwht_now) {
         if (p.signs) {
           for (int i = tid; i < tile; i += T) buf[gpad(i)] = buf[gpad(i)] * p.signs[i & ((1 << lb) - 1)];
           __syncthreads();
         }
         tile_butterflies(buf, tile, lb);
-        for (int i = tid; i < tile; i += T) buf[gpad(i)] = buf[gpad(i)] * p.inv_sqrt;
+        for (int i = tid; i < tile; i += T) {
+          float y = buf[gpad(i)] * p.inv_sqrt;
+          if (no_coarse_fwht) y = mul_saturating(y, pow2(normalizing_exponent(u2f(seg_raw[i >> lb]))));
+          buf[gpad(i)] = y;
+        }
         __syncthreads();
       }
       if (kMode == kModeTransform) {
@@ -241,10 +224,12 @@ __global__ void __launch_bounds__(kThreads) generic_kernel(const Params p) {
             if (start + (int64_t(k) << lb) >= lay.padded) break;
             const float c = u2f(seg_y[k]) / D;
             const int e = normalizing_exponent(u2f(seg_raw[k]));
-            store_u32(msg + 4 * ((start >> lb) + k), f2u(c * pow2(e)));
+            const float sum_scale = normalized ? pow2(int32_t(seg_E[k])) : 1.0f;  // a sum: 2**E
+            store_u32(msg + 4 * ((start >> lb) + k), f2u((c * pow2(e)) * sum_scale));
           }
         }
-        if (tensor && start == 0 && tid == 0) store_u32(msg, f2u(ts.c * pow2(ts.e)));
+        if (tensor && start == 0 && tid == 0)
+          store_u32(msg, f2u((ts.c * pow2(ts.e)) * (normalized ? pow2(int32_t(seg_E[0])) : 1.0f)));
         // 4-7. one micro-group per thread: scale, then codes
         const int lm = p.log2_micro, M = 1 << lm;
         const uint64_t ctr = kMode == kModeReduceRequant ? p.offset : p.offset + uint64_t(row * lay.padded);
@@ -358,7 +343,7 @@ int launch_generic(Params p, cudaStream_t stream) {
   if (tiles == 0) return 0;
   DeviceInfo d;
   if (int err = device_info(&d)) return err;
-  const size_t seg_bytes = 2 * sizeof(uint32_t) * size_t(tile / seg);
+  const size_t seg_bytes = 3 * sizeof(uint32_t) * size_t(tile / seg);
   size_t smem = sizeof(float) * size_t(gpadded_floats(tile)) + seg_bytes;
   const void* kernel = reinterpret_cast<const void*>(generic_kernel<kMode>);
   int grid = 0;
@@ -447,6 +432,7 @@ int dequantize(const DequantizeArgs& a, cudaStream_t stream) {
   p.out = a.out;
   p.out_dtype = a.out_dtype;
   p.signs = a.cfg.fwht ? a.signs : nullptr;
+  p.saturate = a.saturate;
   return launch_best<kModeDequantize>(p, stream);
 }
 

@@ -13,6 +13,7 @@
 
 #include "../fp4quant.h"
 #include "../kernels.h"
+#include "device.cuh"
 
 #define FP4Q_DEV static __device__ __forceinline__
 
@@ -61,23 +62,10 @@ struct Params {
   float* workspace;    // tensor-scale configs (kernels.h)
   uint32_t* words;     // tensor-scale maxima as float bits: quantize 2 per row (raw, transformed), reduce 1
   float* staging;      // generic kernel: per-block tile buffer in global memory when shared memory is too small
+  bool saturate;       // dequantize: values past out_dtype's range saturate (else +-inf)
 };
 
-// ---- host side (codec.cu) ----
-
-struct DeviceInfo {
-  int sms;             // multiprocessors
-  int smem_optin;      // largest dynamic shared memory a block may opt in to (bytes)
-  bool mem_pools;      // cudaMallocAsync works
-};
-
-// The current device's properties, read once per device.
-int device_info(DeviceInfo* info);
-
-// Persistent grid of `kernel` (a device function address): as many blocks as are
-// resident on the device at once (occupancy cached per device, kernel, block and shared
-// memory size), at most `tiles`.
-int persistent_grid(const void* kernel, int threads, size_t smem, int64_t tiles, int* grid);
+// ---- host side ----
 
 // fast.cu: whether the common-case kernel handles (mode, config), and its launch.
 bool fast_supported(const Params& p, int mode);
@@ -94,24 +82,23 @@ FP4Q_DEV float load_value(const void* base, int32_t dtype, int64_t i) {
   return dtype == kBF16 ? bf16_value(h) : half_value(h);
 }
 
-// Saturate to the dtype's finite range (NaN stays NaN), round to it and store
-// (csrc/cpu/codec_generic.h: store_values).
-FP4Q_DEV float saturate_f32(float v) {
-  return max_keep_nan(min_keep_nan(v, 3.4028234663852886e38f), -3.4028234663852886e38f);
-}
-FP4Q_DEV uint16_t to_bf16_bits(float v) {
-  return float_to_bf16_rne(max_keep_nan(min_keep_nan(v, 3.3895313892515355e38f), -3.3895313892515355e38f));
-}
-FP4Q_DEV uint16_t to_half_bits(float v) {
-  return float_to_half_rne(max_keep_nan(min_keep_nan(v, 65504.0f), -65504.0f));
+// Round to the dtype, saturating at its finite range or not, and store (fp4quant.h: out_f32;
+// csrc/cpu/codec_generic.h: store_values).
+FP4Q_DEV uint16_t out_bits16(int32_t dtype, float v, bool saturate) {
+  return dtype == kBF16 ? out_bf16(v, saturate) : out_half(v, saturate);
 }
 
-FP4Q_DEV void store_value(void* base, int32_t dtype, int64_t i, float v) {
+FP4Q_DEV void store_value(void* base, int32_t dtype, int64_t i, float v, bool saturate) {
   if (dtype == kF32) {
-    static_cast<float*>(base)[i] = saturate_f32(v);
+    static_cast<float*>(base)[i] = out_f32(v, saturate);
   } else {
-    static_cast<uint16_t*>(base)[i] = dtype == kBF16 ? to_bf16_bits(v) : to_half_bits(v);
+    static_cast<uint16_t*>(base)[i] = out_bits16(dtype, v, saturate);
   }
+}
+
+// Whether a decoding kernel saturates its output: one message does, a sum of several does not.
+FP4Q_DEV bool output_saturates(const Params& p, int mode) {
+  return mode == kModeDequantize ? p.saturate : p.world == 1;
 }
 
 // Little-endian words at addresses of any alignment (messages are byte strings: a row
@@ -153,27 +140,38 @@ FP4Q_DEV uint32_t block_max(uint32_t v, uint32_t* red) {
   return v;
 }
 
-// Coarse scale of a message's value v (its group's, or the tensor's); 0 without one.
+// Coarse scale of a message's value v (its group's, or the tensor's); 1 without one.
 FP4Q_DEV float coarse_of(const Params& p, const uint8_t* msg, int64_t v) {
   if (p.cfg.coarse == kCoarseGroup) return u2f(load_u32(msg + 4 * (v >> p.log2_group)));
   if (p.cfg.coarse == kCoarseTensor) return u2f(load_u32(msg));
-  return 0.0f;
+  return 1.0f;
 }
 
-// Value v (< padded) of a message, decoded as csrc/cpu/codec_generic.h's decode_segment:
-// code * m * c, where c is first divided by 2**E when `normalize` (inverse FWHT follows).
-FP4Q_DEV float decode_value(const Params& p, const uint8_t* msg, int64_t v, bool normalize) {
+// Block exponent of value v's block with a coarse scale: the largest of the `count`
+// messages' (codec_generic.h: block_exponent, sum_exponent).
+FP4Q_DEV int coarse_exponent(const Params& p, const uint8_t* msgs, int64_t count, int64_t v) {
+  int E = normalizing_exponent(coarse_of(p, msgs, v));
+  for (int64_t w = 1; w < count; ++w) {
+    const int Ew = normalizing_exponent(coarse_of(p, msgs + w * p.lay.nbytes, v));
+    E = Ew > E ? Ew : E;
+  }
+  return E;
+}
+
+FP4Q_DEV uint32_t micro_stored(const Layout& lay, const uint8_t* msg, int64_t k) {
+  if (lay.micro_bytes == 1) return msg[lay.micro_off + k];
+  if (lay.micro_bytes == 2) return uint32_t(msg[lay.micro_off + 2 * k]) | (uint32_t(msg[lay.micro_off + 2 * k + 1]) << 8);
+  return 0;
+}
+
+// Value v (< padded) of a message in the transformed domain, decoded as
+// csrc/cpu/codec_generic.h's decode_span: code * m * (c * 2**-E) where decode_normalizes.
+FP4Q_DEV float decode_value(const Params& p, const uint8_t* msg, int64_t v, int E) {
   const Config& cfg = p.cfg;
   const Layout& lay = p.lay;
-  float c = coarse_of(p, msg, v);
-  if (normalize) c = c * pow2(-normalizing_exponent(c));
-  const int64_t k = v >> p.log2_micro;  // micro-group
-  uint32_t stored = 0;
-  if (lay.micro_bytes == 1) stored = msg[lay.micro_off + k];
-  if (lay.micro_bytes == 2) {
-    stored = uint32_t(msg[lay.micro_off + 2 * k]) | (uint32_t(msg[lay.micro_off + 2 * k + 1]) << 8);
-  }
-  const float s = decode_micro(cfg, stored, c);
+  float f = coarse_of(p, msg, v);
+  if (decode_normalizes(cfg)) f = f * pow2(-E);
+  const float s = decode_micro(cfg, micro_stored(lay, msg, v >> p.log2_micro), f);
   uint32_t code;
   if (element_bits(cfg.element) == 4) {
     code = (msg[lay.codes_off + (v >> 1)] >> (4 * (v & 1))) & 0xFu;

@@ -135,20 +135,20 @@ FP4Q_DEV void load_chunk(const Params& p, int64_t row, int64_t v0, float (&y)[8]
   }
 }
 
-// Values v0 .. v0+7 (those below n) of an output row, saturated and rounded to its dtype.
-FP4Q_DEV void store_chunk(void* row_base, int32_t dtype, int64_t n, int64_t v0, const float (&y)[8]) {
+// Values v0 .. v0+7 (those below n) of an output row, rounded to its dtype (saturating or not).
+FP4Q_DEV void store_chunk(void* row_base, int32_t dtype, int64_t n, int64_t v0, const float (&y)[8], bool saturate) {
   char* at = static_cast<char*>(row_base) + v0 * value_bytes(dtype);
   if (v0 + 8 <= n && (reinterpret_cast<uintptr_t>(at) & 15u) == 0) {
     if (dtype == kF32) {
       float4* q = reinterpret_cast<float4*>(at);
-      q[0] = make_float4(saturate_f32(y[0]), saturate_f32(y[1]), saturate_f32(y[2]), saturate_f32(y[3]));
-      q[1] = make_float4(saturate_f32(y[4]), saturate_f32(y[5]), saturate_f32(y[6]), saturate_f32(y[7]));
+      q[0] = make_float4(out_f32(y[0], saturate), out_f32(y[1], saturate), out_f32(y[2], saturate), out_f32(y[3], saturate));
+      q[1] = make_float4(out_f32(y[4], saturate), out_f32(y[5], saturate), out_f32(y[6], saturate), out_f32(y[7], saturate));
     } else {
       uint32_t w[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t lo = dtype == kBF16 ? to_bf16_bits(y[2 * j]) : to_half_bits(y[2 * j]);
-        const uint32_t hi = dtype == kBF16 ? to_bf16_bits(y[2 * j + 1]) : to_half_bits(y[2 * j + 1]);
+        const uint32_t lo = out_bits16(dtype, y[2 * j], saturate);
+        const uint32_t hi = out_bits16(dtype, y[2 * j + 1], saturate);
         w[j] = lo | (hi << 16);
       }
       *reinterpret_cast<uint4*>(at) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -156,35 +156,36 @@ FP4Q_DEV void store_chunk(void* row_base, int32_t dtype, int64_t n, int64_t v0, 
   } else {
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-      if (v0 + k < n) store_value(row_base, dtype, v0 + k, y[k]);
+      if (v0 + k < n) store_value(row_base, dtype, v0 + k, y[k], saturate);
   }
 }
 
-// Decode values v0 .. v0+7 (< padded) of a message: code * m * c, c divided by 2**E when
-// `normalize`; returns E.
-FP4Q_DEV int decode_chunk(const Params& p, const uint8_t* msg, int64_t v0, bool normalize, float (&y)[8]) {
-  float c = coarse_of(p, msg, v0);
-  int E = 0;
-  if (normalize) {
-    E = normalizing_exponent(c);
-    c = c * pow2(-E);
-  }
-  const float s = decode_micro(p.cfg, msg[p.lay.micro_off + (v0 >> 4)], c);
+// Decode values v0 .. v0+7 (< padded) of a message in the transformed domain:
+// code * m * (c * 2**-E) with a coarse scale (this kernel's e4m3 micro-scales need no
+// normalization without one: fp4quant.h, decode_normalizes).
+FP4Q_DEV void decode_chunk(const Params& p, const uint8_t* msg, int64_t v0, int E, float (&y)[8]) {
+  float f = coarse_of(p, msg, v0);
+  if (p.cfg.coarse != kCoarseNone) f = f * pow2(-E);
+  const float s = decode_micro(p.cfg, msg[p.lay.micro_off + (v0 >> 4)], f);
   const uint32_t w = load_u32(msg + p.lay.codes_off + (v0 >> 1));
 #pragma unroll
   for (int k = 0; k < 8; ++k) y[k] = e2m1_value((w >> (4 * k)) & 0xFu) * s;
-  return E;
 }
 
-// Sum of the world's messages (row order) in the transformed domain.
-FP4Q_DEV void sum_chunk(const Params& p, int64_t v0, bool valid, float (&y)[8]) {
+// The block exponent of the thread's values: the largest of the messages' (0 without a coarse scale).
+FP4Q_DEV int chunk_exponent(const Params& p, const uint8_t* msgs, int64_t count, int64_t v0, bool valid) {
+  return p.cfg.coarse != kCoarseNone && valid ? coarse_exponent(p, msgs, count, v0) : 0;
+}
+
+// Sum of the world's messages (row order) in the transformed domain, against 2**-E.
+FP4Q_DEV void sum_chunk(const Params& p, int64_t v0, bool valid, int E, float (&y)[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) y[k] = 0.0f;
   if (!valid) return;
-  decode_chunk(p, p.msgs, v0, false, y);
+  decode_chunk(p, p.msgs, v0, E, y);
   for (int64_t w = 1; w < p.world; ++w) {
     float z[8];
-    decode_chunk(p, p.msgs + w * p.lay.nbytes, v0, false, z);
+    decode_chunk(p, p.msgs + w * p.lay.nbytes, v0, E, z);
 #pragma unroll
     for (int k = 0; k < 8; ++k) y[k] = y[k] + z[k];
   }
@@ -221,23 +222,26 @@ FP4Q_DEV void store_codes(uint8_t* dst, uint32_t word, int64_t v0, int64_t padde
 
 // docs/format.md steps 1-8 on this thread's 8 values; msg: the message, ctr: the
 // stochastic-rounding counter of its first padded value.
+// sum_scale: 2**E when y is a sum normalized by 2**-E (requantization), else 1.
 template <bool kFwht>
 FP4Q_DEV void encode_chunk(const Params& p, float (&y)[8], int64_t row, int64_t v0, uint8_t* msg, uint64_t ctr,
-                           float* buf, uint32_t* red) {
+                           float* buf, uint32_t* red, float sum_scale) {
   const Config& cfg = p.cfg;
   const int t = threadIdx.x;
   const int tps = int(p.lay.block >> 3);  // threads per segment
   const bool valid = v0 < p.lay.padded;
-  // 1. power-of-two normalization
+  // 1. power-of-two normalization (without a coarse scale: of each FWHT group)
+  const bool group_e = cfg.coarse == kCoarseGroup || (cfg.coarse == kCoarseNone && kFwht);
   int e = 0;
-  if (cfg.coarse == kCoarseGroup) e = normalizing_exponent(u2f(segment_max(chunk_finite_max(y), tps, red)));
+  if (group_e) e = normalizing_exponent(u2f(segment_max(chunk_finite_max(y), tps, red)));
   if (cfg.coarse == kCoarseTensor) e = normalizing_exponent(u2f(p.words[2 * row]));
-  if (cfg.coarse != kCoarseNone) {
+  if (cfg.coarse != kCoarseNone || kFwht) {
     const float f = pow2(-e);
 #pragma unroll
     for (int k = 0; k < 8; ++k) y[k] = y[k] * f;
   }
-  // 2. FWHT (tiles start at multiples of G, so 8t + k is the position in the group)
+  // 2. FWHT (tiles start at multiples of G, so 8t + k is the position in the group);
+  // without a coarse scale, times 2**e again (saturating)
   if (kFwht) {
     const int gmask = (1 << p.log2_group) - 1;
     if (p.signs) {
@@ -245,14 +249,18 @@ FP4Q_DEV void encode_chunk(const Params& p, float (&y)[8], int64_t row, int64_t 
       for (int k = 0; k < 8; ++k) y[k] = y[k] * p.signs[(8 * t + k) & gmask];
     }
     butterflies(p, y, buf);
+    const float back = pow2(e);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) y[k] = y[k] * p.inv_sqrt;
+    for (int k = 0; k < 8; ++k) {
+      y[k] = y[k] * p.inv_sqrt;
+      if (cfg.coarse == kCoarseNone) y[k] = mul_saturating(y[k], back);
+    }
   }
   // 3. coarse scale (stored as c * 2**e)
   float c = 0.0f;
   if (cfg.coarse == kCoarseGroup) {
     c = u2f(segment_max(chunk_finite_max(y), tps, red)) / coarse_divisor(cfg);
-    if (valid && (t & (tps - 1)) == 0) store_u32(msg + 4 * (v0 >> p.log2_block), f2u(c * pow2(e)));
+    if (valid && (t & (tps - 1)) == 0) store_u32(msg + 4 * (v0 >> p.log2_block), f2u((c * pow2(e)) * sum_scale));
   } else if (cfg.coarse == kCoarseTensor) {
     const TensorScale ts = tensor_scale(cfg, p.words + 2 * row, false);
     c = ts.c;
@@ -298,35 +306,41 @@ __global__ void __launch_bounds__(1024, 1) fast_kernel(const Params p) {
     if (kMode == kModeQuantize) {
       load_chunk(p, row, v0, y);
       encode_chunk<kFwht>(p, y, row, v0, p.out_msgs + row * p.lay.nbytes, p.offset + uint64_t(row * p.lay.padded),
-                          fp4q_smem, red);
+                          fp4q_smem, red, 1.0f);
     } else if (kMode == kModeReduceRequant) {
-      sum_chunk(p, v0, valid, y);
-      encode_chunk<false>(p, y, 0, v0, p.out_msgs, p.offset, fp4q_smem, red);
+      // a coarse scale carries the sum's 2**E (this kernel has no e8m0 scales to give it back to)
+      const int E = chunk_exponent(p, p.msgs, p.world, v0, valid);
+      sum_chunk(p, v0, valid, E, y);
+      encode_chunk<false>(p, y, 0, v0, p.out_msgs, p.offset, fp4q_smem, red, pow2(E));
     } else {
-      // dequantize (row `row`) or reduce (one row): decode, inverse FWHT, store
-      const bool normalize = kMode == kModeDequantize && kFwht && p.cfg.coarse != kCoarseNone;
-      int E = 0;
-      if (kMode == kModeDequantize) {
+      // dequantize (row `row`) or reduce (one row): decode against 2**-E, inverse FWHT, 2**E, store
+      const bool one = kMode == kModeDequantize;
+      const uint8_t* msgs = one ? p.msgs + row * p.lay.nbytes : p.msgs;
+      const int E = chunk_exponent(p, msgs, one ? 1 : p.world, v0, valid);
+      if (one) {
 #pragma unroll
         for (int k = 0; k < 8; ++k) y[k] = 0.0f;
-        if (valid) E = decode_chunk(p, p.msgs + row * p.lay.nbytes, v0, normalize, y);
+        if (valid) decode_chunk(p, msgs, v0, E, y);
       } else {
-        sum_chunk(p, v0, valid, y);
+        sum_chunk(p, v0, valid, E, y);
       }
       if (kFwht) {
         butterflies(p, y, fp4q_smem);
         const int gmask = (1 << p.log2_group) - 1;
-        const float scale_back = pow2(E);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           float v = y[k] * p.inv_sqrt;
           if (p.signs) v = v * p.signs[(8 * t + k) & gmask];
-          if (normalize) v = v * scale_back;
           y[k] = v;
         }
       }
+      if (p.cfg.coarse != kCoarseNone) {
+        const float scale_back = pow2(E);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) y[k] = y[k] * scale_back;
+      }
       void* out_row = static_cast<char*>(p.out) + row * p.lay.n * value_bytes(p.out_dtype);
-      store_chunk(out_row, p.out_dtype, p.lay.n, v0, y);
+      store_chunk(out_row, p.out_dtype, p.lay.n, v0, y, output_saturates(p, kMode));
     }
     __syncthreads();  // shared memory is reused by the next tile
   }

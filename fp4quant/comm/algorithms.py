@@ -111,7 +111,8 @@ def two_shot(flat, config, group, world, streams, rec, chunk_values) -> None:
     def finish(state):
         ch, S, gathered = state
         with rec.codec():
-            vals = ops.dequantize_rows(gathered.view(world, -1), S, config, dtype)
+            # the shards hold sums: one that overflows the dtype is +-inf, as in dequantize_reduce
+            vals = ops.dequantize_rows(gathered.view(world, -1), S, config, dtype, saturate=world == 1)
         flat[ch.start : ch.start + ch.numel].copy_(vals.view(-1)[: ch.numel])
         return None, None
 

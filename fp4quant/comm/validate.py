@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..format.config import QuantConfig
+from ..format.config import QuantConfig, as_config
 from ..format.packed import FLOAT_DTYPES
 
 OPS = ("sum", "avg")
@@ -38,10 +38,7 @@ def resolve_config(config: QuantConfig | str | None) -> QuantConfig | None:
     """None for an uncompressed collective (None or the bf16 preset), else the config."""
     if config is None:
         return None
-    if isinstance(config, str):
-        config = QuantConfig.preset(config)
-    if not isinstance(config, QuantConfig):
-        raise TypeError(f"config must be a QuantConfig, a preset name or None, got {type(config).__name__}")
+    config = as_config(config)
     return config if config.compressed else None
 
 

@@ -17,6 +17,15 @@ PACKINGS = ("warp", "naive")
 SCALE_ROUNDS = {"e4m3": ("nearest", "up"), "fp16": ("nearest", "up"), "e8m0": ("floor", "up"), "none": ("nearest",)}
 _DEFAULT_SCALE_ROUND = {"e4m3": "nearest", "fp16": "nearest", "e8m0": "floor", "none": "nearest"}
 
+
+def default_scale_round(micro_scale: str, rounding: str) -> str:
+    """The micro-scale rule a config gets when it names none: the format's usual rule, or
+    "up" under stochastic rounding (a scale rounded down makes the largest values of its
+    micro-group saturate at the element maximum, and saturation is biased)."""
+    if rounding == "stochastic" and micro_scale != "none":
+        return "up"
+    return _DEFAULT_SCALE_ROUND[micro_scale]
+
 # The default group (coarse-scale block and FWHT size) of the fp4quant method, chosen
 # with `python -m fp4quant.bench.error` (see data/error.csv and the README).
 DEFAULT_GROUP = 2048
@@ -37,7 +46,9 @@ class QuantConfig:
     micro_scale   "e4m3", "e8m0", "fp16" or "none"
     coarse_scale  "group" (FP32 per group), "tensor" (one FP32 per message) or "none"
     scale_round   how the micro-scale is rounded: "nearest" or "up" (never saturates)
-                  for e4m3/fp16, "floor" (OCP) or "up" for e8m0; default: the format's usual rule
+                  for e4m3/fp16, "floor" (OCP) or "up" for e8m0; default: the format's usual
+                  rule, "up" with stochastic rounding (the only rule it allows: see
+                  default_scale_round)
     fwht          "two_level" (orthonormal Walsh-Hadamard of size `group` first) or "none"
     fwht_seed     seed of the random +-1 signs applied before the FWHT, or None for none
     rounding      "nearest" (ties to even) or "stochastic" (unbiased)
@@ -74,9 +85,15 @@ class QuantConfig:
         if not _is_pow2(self.group) or self.group < self.micro_group or self.group > MAX_GROUP:
             raise bad("group", f"must be a power of two, a multiple of micro_group ({self.micro_group}), at most {MAX_GROUP}")
         if self.scale_round is None:
-            object.__setattr__(self, "scale_round", _DEFAULT_SCALE_ROUND[self.micro_scale])
+            object.__setattr__(self, "scale_round", default_scale_round(self.micro_scale, self.rounding))
         if self.scale_round not in SCALE_ROUNDS[self.micro_scale]:
             raise bad("scale_round", f"must be one of {SCALE_ROUNDS[self.micro_scale]} for micro_scale={self.micro_scale!r}")
+        if self.scale_round != default_scale_round(self.micro_scale, self.rounding) == "up":
+            raise bad(
+                "scale_round",
+                "must be 'up' (or unset) with rounding='stochastic': a rounded-down micro-scale saturates "
+                "the largest values of its micro-group, which biases stochastic rounding",
+            )
         if self.fwht_seed is not None and (
             not isinstance(self.fwht_seed, int) or isinstance(self.fwht_seed, bool) or not 0 <= self.fwht_seed < 2**64
         ):
@@ -98,6 +115,10 @@ class QuantConfig:
         return cls(**{**PRESETS[name], **overrides})
 
     def replace(self, **changes: Any) -> QuantConfig:
+        """A copy with ``changes``; a scale_round that is the default of this config follows the
+        changed fields (``preset("mxfp4").replace(rounding="stochastic")`` rounds its scales up)."""
+        if "scale_round" not in changes and self.scale_round == default_scale_round(self.micro_scale, self.rounding):
+            changes["scale_round"] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -168,3 +189,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fp8": {"element": "e4m3", "micro_scale": "none", "fwht": "none", "fwht_seed": None},
     "bf16": {"element": "bf16", "fwht": "none", "fwht_seed": None},
 }
+
+
+def as_config(config: QuantConfig | str) -> QuantConfig:
+    """``config`` itself, or the preset it names: what every entry point that takes a config accepts."""
+    if isinstance(config, QuantConfig):
+        return config
+    if isinstance(config, str):
+        return QuantConfig.preset(config)
+    raise TypeError(f"config must be a QuantConfig or a preset name ({', '.join(PRESETS)}), got {type(config).__name__}")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import QuantConfig
+from .config import QuantConfig, as_config
 from .elements import ELEMENT_BITS, SCALE_BYTES
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -54,6 +54,23 @@ def check_float_dtype(dtype: torch.dtype, what: str = "input") -> None:
         raise TypeError(f"{what} must be float32, bfloat16 or float16, got {dtype}")
 
 
+def check_shape(shape) -> torch.Size:
+    """``shape`` as a torch.Size; ValueError unless every size is an int >= 0."""
+    try:
+        size = torch.Size(shape)
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    if any(d < 0 for d in size):
+        raise ValueError(f"shape must hold sizes >= 0, got {tuple(size)}")
+    return size
+
+
+def _check_segment(t, name: str, dtype: torch.dtype, entries: int, packed: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.dim() != 1 or t.numel() != entries:
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{packed}: {name} must be a 1-D {dtype} tensor of {entries} entries, got {got}")
+
+
 @dataclass(frozen=True, eq=False)
 class Packed:
     """A compressed tensor.
@@ -72,6 +89,22 @@ class Packed:
     shape: torch.Size
     dtype: torch.dtype
     config: QuantConfig
+
+    def __post_init__(self) -> None:
+        # Everything dequantize relies on, checked here, so a bad Packed fails where it is made.
+        if not isinstance(self.config, QuantConfig):
+            raise TypeError(f"Packed.config must be a QuantConfig, got {type(self.config).__name__}")
+        object.__setattr__(self, "shape", check_shape(self.shape))
+        check_float_dtype(self.dtype, "Packed.dtype")
+        lay = self.layout
+        what = f"Packed of shape {tuple(self.shape)} under {self.config}"
+        micro_dtype = torch.float16 if self.config.micro_scale == "fp16" and self.config.compressed else torch.uint8
+        _check_segment(self.codes, "codes", torch.uint8, lay.code_bytes, what)
+        _check_segment(self.micro_scales, "micro_scales", micro_dtype, lay.n_micro, what)
+        _check_segment(self.coarse_scales, "coarse_scales", torch.float32, lay.n_coarse, what)
+        devices = {self.codes.device, self.micro_scales.device, self.coarse_scales.device}
+        if len(devices) > 1:
+            raise ValueError(f"{what}: codes and scales are on different devices {sorted(map(str, devices))}")
 
     @property
     def numel(self) -> int:
@@ -100,12 +133,15 @@ class Packed:
         return torch.cat([p.reshape(-1) for p in parts])
 
     @classmethod
-    def from_bytes(cls, buf: torch.Tensor, shape, dtype: torch.dtype, config: QuantConfig) -> Packed:
-        """Inverse of to_bytes; the segments are views into ``buf``."""
-        if buf.dtype != torch.uint8 or buf.dim() != 1:
-            raise TypeError(f"buf must be a 1-D uint8 tensor, got {buf.dtype} with shape {tuple(buf.shape)}")
+    def from_bytes(cls, buf: torch.Tensor, shape, dtype: torch.dtype, config: QuantConfig | str) -> Packed:
+        """Inverse of to_bytes; the segments are views into ``buf``.  ``config``: a QuantConfig
+        or a preset name."""
+        if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1:
+            got = f"{buf.dtype} with shape {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise TypeError(f"buf must be a 1-D uint8 tensor, got {got}")
         check_float_dtype(dtype, "dtype")
-        shape = torch.Size(shape)
+        config = as_config(config)
+        shape = check_shape(shape)
         lay = layout(shape.numel(), config)
         if buf.numel() != lay.nbytes:
             raise ValueError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..format.config import QuantConfig
+from ..format.config import QuantConfig, as_config
 from ..format.packed import Packed, check_float_dtype
 from ..format.random import check_seed, fwht_signs
 from ..reference import codec as reference
@@ -36,21 +36,22 @@ def _signs(config: QuantConfig, device: torch.device) -> torch.Tensor | None:
     return _SIGNS[key]
 
 
-def _check(config: QuantConfig, seed: int, offset: int) -> None:
-    if not isinstance(config, QuantConfig):
-        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+def _check(config: QuantConfig | str, seed: int, offset: int) -> QuantConfig:
+    """The config (a QuantConfig or a preset name) of a compressed op, checked with its seeds."""
+    config = as_config(config)
     if not config.compressed:
         raise ValueError("the bf16 preset is no compression: send the tensor itself")
     check_seed(seed)
     check_seed(offset, "offset")
+    return config
 
 
-def quantize_rows(x: torch.Tensor, config: QuantConfig, seed: int = 0, offset: int = 0) -> torch.Tensor:
+def quantize_rows(x: torch.Tensor, config: QuantConfig | str, seed: int = 0, offset: int = 0) -> torch.Tensor:
     """Each row of the (rows, n) float tensor ``x`` as one message: uint8 (rows, nbytes(n)).
 
     Stochastic rounding: row r's values use the counters ``offset + r * padded + i``.
     """
-    _check(config, seed, offset)
+    config = _check(config, seed, offset)
     check_float_dtype(x.dtype)
     if x.dim() != 2:
         raise ValueError(f"quantize_rows needs a 2-D (rows, n) tensor, got shape {tuple(x.shape)}")
@@ -59,28 +60,32 @@ def quantize_rows(x: torch.Tensor, config: QuantConfig, seed: int = 0, offset: i
     return torch.ops.fp4quant.quantize(x, to_codes(config), _signs(config, x.device), signed64(seed), signed64(offset))
 
 
-def dequantize_rows(msgs: torch.Tensor, n: int, config: QuantConfig, dtype: torch.dtype) -> torch.Tensor:
-    """(rows, nbytes(n)) messages -> (rows, n) values of ``dtype``."""
-    _check(config, 0, 0)
+def dequantize_rows(
+    msgs: torch.Tensor, n: int, config: QuantConfig | str, dtype: torch.dtype, saturate: bool = True
+) -> torch.Tensor:
+    """(rows, nbytes(n)) messages -> (rows, n) values of ``dtype``.  Values past the dtype's
+    range saturate; with ``saturate=False`` (messages that hold sums) they become +-inf."""
+    config = _check(config, 0, 0)
     check_float_dtype(dtype, "dtype")
     if backend(msgs.device) == "reference":
-        return reference.dequantize_rows(msgs, n, config, dtype)
+        return reference.dequantize_rows(msgs, n, config, dtype, saturate)
     reference.check_messages(msgs, n, config)
-    return torch.ops.fp4quant.dequantize(msgs, n, to_codes(config), _signs(config, msgs.device), dtype)
+    return torch.ops.fp4quant.dequantize(msgs, n, to_codes(config), _signs(config, msgs.device), dtype, bool(saturate))
 
 
 def dequantize_reduce(
     msgs: torch.Tensor,
     n: int,
-    config: QuantConfig,
+    config: QuantConfig | str,
     dtype: torch.dtype,
     requantize: bool,
     seed: int = 0,
     offset: int = 0,
 ) -> torch.Tensor:
     """Sum (world, nbytes(n)) messages in FP32 in the transformed domain (row order); return
-    the sum re-quantized as one message (``requantize``) or as (n,) values of ``dtype``."""
-    _check(config, seed, offset)
+    the sum re-quantized as one message (``requantize``) or as (n,) values of ``dtype``, where
+    a sum past the dtype's range is +-inf (as an uncompressed sum; one message saturates)."""
+    config = _check(config, seed, offset)
     check_float_dtype(dtype, "dtype")
     if backend(msgs.device) == "reference":
         return reference.dequantize_reduce(msgs, n, config, dtype, requantize, seed, offset)
@@ -92,10 +97,11 @@ def dequantize_reduce(
     )
 
 
-def quantize(x: torch.Tensor, config: QuantConfig, seed: int = 0, offset: int = 0) -> Packed:
-    """One tensor (any shape) as one message."""
+def quantize(x: torch.Tensor, config: QuantConfig | str, seed: int = 0, offset: int = 0) -> Packed:
+    """One tensor (any shape) as one message, under a QuantConfig or a preset name."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"quantize expects a torch.Tensor, got {type(x).__name__}")
+    config = as_config(config)
     check_float_dtype(x.dtype)
     if not config.compressed or backend(x.device) == "reference" or x.numel() == 0:
         return reference.quantize(x, config, seed, offset)

@@ -69,7 +69,7 @@ if module is not None:
         return x.new_empty((x.shape[0], lay.nbytes), dtype=torch.uint8)
 
     @torch.library.register_fake("fp4quant::dequantize")
-    def _dequantize_fake(msgs, n, config, signs, dtype):
+    def _dequantize_fake(msgs, n, config, signs, dtype, saturate=True):
         return msgs.new_empty((msgs.shape[0], n), dtype=dtype)
 
     @torch.library.register_fake("fp4quant::dequantize_reduce")

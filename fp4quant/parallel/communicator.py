@@ -55,9 +55,8 @@ class CommConfig:
         fwd = config if compress in ("fwd", "both") else bf16
         bwd = bf16
         if compress in ("bwd", "both"):
+            # stochastic rounding brings its unbiased micro-scale rule (scale_round="up") with it
             bwd = config.replace(rounding="stochastic") if stochastic_backward else config
-            if stochastic_backward and bwd.micro_scale in ("e4m3", "fp16", "e8m0"):
-                bwd = bwd.replace(scale_round="up")  # no saturation: stochastic rounding stays unbiased
         return cls(fwd=fwd, bwd=bwd, **kwargs)
 
 

@@ -32,7 +32,7 @@ def _check_size(n: int) -> None:
 def butterflies(x: torch.Tensor, n: int, first_stride: int = 1, last_stride: int | None = None) -> torch.Tensor:
     """Unnormalized radix-2 butterflies of strides first_stride .. last_stride on rows of n.
 
-    ``x`` is float32 of shape (rows, n).  Stride h pairs element i with i + h
+    ``x`` is float32 (or float64) of shape (rows, n).  Stride h pairs element i with i + h
     (i with bit h clear) into (a + b, a - b).
     """
     last_stride = n // 2 if last_stride is None else last_stride
@@ -47,7 +47,7 @@ def butterflies(x: torch.Tensor, n: int, first_stride: int = 1, last_stride: int
 
 
 def two_level_transform(x: torch.Tensor, n: int, micro: int) -> torch.Tensor:
-    """Unnormalized H_n of each row of the float32 (rows, n) tensor, as level one then level two."""
+    """Unnormalized H_n of each row of the (rows, n) tensor, as level one then level two."""
     level_one = butterflies(x, n, 1, min(micro, n) // 2)
     return butterflies(level_one, n, min(micro, n), n // 2)
 
@@ -58,20 +58,27 @@ def inv_sqrt(n: int) -> float:
 
 
 def _blocks(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows of n values in the precision the transform runs in: float64 for float64 input,
+    float32 for the rest (the codec's precision)."""
     _check_size(n)
     if x.numel() % n:
         raise ValueError(f"FWHT of size {n} needs numel divisible by {n}, got shape {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"FWHT needs a floating-point tensor, got {x.dtype}")
-    return x.reshape(-1, n).to(torch.float32)
+    return x.reshape(-1, n).to(torch.float64 if x.dtype == torch.float64 else torch.float32)
 
 
-def _signs(signs, n: int, device) -> torch.Tensor | None:
+def _scale(n: int, dtype: torch.dtype) -> float:
+    """1/sqrt(n) in the transform's precision (the codec's fp32 value for float32)."""
+    return 1.0 / math.sqrt(n) if dtype == torch.float64 else inv_sqrt(n)
+
+
+def _signs(signs, n: int, device, dtype: torch.dtype) -> torch.Tensor | None:
     if signs is None:
         return None
     if isinstance(signs, int):
-        return fwht_signs(n, signs, device)
-    signs = torch.as_tensor(signs, dtype=torch.float32, device=device)
+        return fwht_signs(n, signs, device).to(dtype)
+    signs = torch.as_tensor(signs, dtype=dtype, device=device)
     if signs.shape != (n,):
         raise ValueError(f"signs must have shape ({n},), got {tuple(signs.shape)}")
     return signs
@@ -82,22 +89,22 @@ def fwht(x: torch.Tensor, n: int, signs=None, micro: int = 16) -> torch.Tensor:
 
     Equals ``(x.view(-1, n) * signs) @ H_n / sqrt(n)`` with H_n in Sylvester order
     (``scipy.linalg.hadamard``).  ``signs``: None, a length-n tensor of +-1, or an
-    integer seed (see fp4quant.format.random).  Computed in float32; the result
-    has x's shape and dtype.
+    integer seed (see fp4quant.format.random).  Computed in float64 for float64 input,
+    else in float32 (as the codec does); the result has x's shape and dtype.
     """
     rows = _blocks(x, n)
-    s = _signs(signs, n, rows.device)
+    s = _signs(signs, n, rows.device, rows.dtype)
     if s is not None:
         rows = rows * s
-    y = two_level_transform(rows, n, micro) * inv_sqrt(n)
+    y = two_level_transform(rows, n, micro) * _scale(n, rows.dtype)
     return y.reshape(x.shape).to(x.dtype)
 
 
 def ifwht(y: torch.Tensor, n: int, signs=None, micro: int = 16) -> torch.Tensor:
     """Inverse of fwht with the same ``signs``: H_n is symmetric and H_n H_n = n I."""
     rows = _blocks(y, n)
-    x = two_level_transform(rows, n, micro) * inv_sqrt(n)
-    s = _signs(signs, n, rows.device)
+    x = two_level_transform(rows, n, micro) * _scale(n, rows.dtype)
+    s = _signs(signs, n, rows.device, rows.dtype)
     if s is not None:
         x = x * s
     return x.reshape(y.shape).to(y.dtype)

@@ -149,6 +149,32 @@ def check_nan() -> dict:
     return out
 
 
+def check_overflow() -> dict:
+    """Sums that overflow the dtype (float16 60000 on every rank; float32 3e38) against the
+    uncompressed all-reduce: +-inf where it is +-inf; and huge sums that fit stay finite."""
+    n = 2 * C.world * BLOCK + 100
+    signs = torch.where(torch.arange(n) // 64 % 2 == 0, 1.0, -1.0).to(C.device)
+    out = {}
+    for dtype, value in ((torch.float16, 60000.0), (torch.float32, 3e38), (torch.float32, 1e37)):
+        ref = (value * signs).to(dtype)
+        dist.all_reduce(ref)
+        for preset in ("fp4quant", "nvfp4", "fp8"):
+            for algo in ALGOS + ("reduce_scatter",):
+                x = (value * signs).to(dtype)
+                if algo == "reduce_scatter":
+                    y = torch.empty(n, dtype=dtype, device=C.device)
+                    comm.reduce_scatter(y, x.repeat(C.world), preset)
+                else:
+                    comm.all_reduce(x, preset, algorithm=algo)
+                    y = x
+                out[f"{dtype}/{value:g}/{preset}/{algo}"] = {
+                    "inf_as_torch": torch.equal(torch.isinf(y), torch.isinf(ref)) and equal_bits(y[torch.isinf(y)], ref[torch.isinf(ref)]),
+                    "nan": int(torch.isnan(y).sum()),
+                    "ref_inf": int(torch.isinf(ref).sum()),
+                }
+    return out
+
+
 def check_sizes() -> dict:
     out = {}
     for n in (0, 1, 17, C.world * BLOCK + 5, 3 * C.world * BLOCK):

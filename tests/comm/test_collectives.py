@@ -93,6 +93,18 @@ def test_nan_and_inf_poison_their_group_on_every_rank(suite):
             assert v["identical"], key
 
 
+def test_a_sum_that_overflows_is_inf_as_uncompressed(suite):
+    """float16 60000 on every rank: +-inf from 2 ranks on, as dist.all_reduce gives (one rank:
+    the finite value back); float32 3e38 likewise; 1e37 sums fit and stay finite (no NaN)."""
+    W = len(suite)
+    for rec in on_all(suite, "overflow"):
+        for key, v in rec.items():
+            assert v["nan"] == 0, (key, v)
+            assert v["inf_as_torch"], (key, v)
+            overflows = not key.startswith("torch.float32/1e+37") and W > 1
+            assert (v["ref_inf"] > 0) == overflows, (key, v)
+
+
 def test_odd_and_empty_sizes(suite):
     eps = EPS["fp4quant"]
     for rec in on_all(suite, "sizes"):
@@ -189,8 +201,9 @@ def test_stochastic_rounding_streams(suite):
             v = rec[algo]
             assert v["identical"], algo
             assert v["calls_differ"], "two calls reused the same random stream"
-            # stochastic rounding is unbiased but noisier than round-to-nearest (~2x)
-            assert v["nmse"] < (2 if algo == "two_shot" and len(suite) > 1 else 1) * 2.5 * eps, (algo, v["nmse"])
+            # stochastic rounding is unbiased but noisier than round-to-nearest (~2x); its scales
+            # round up, so even one rank's two-shot re-quantization lands on a new grid (2 errors)
+            assert v["nmse"] < (2 if algo == "two_shot" else 1) * 2.5 * eps, (algo, v["nmse"])
 
 
 def test_auto_algorithm(suite):

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from fp4quant import QuantConfig
-from fp4quant.format.config import PRESETS
+from fp4quant.format.config import PRESETS, as_config
 
 
 @pytest.mark.parametrize(
@@ -98,3 +98,36 @@ def test_dict_round_trip_and_str():
     assert "group=512" in str(QuantConfig(group=512))
     with pytest.raises(ValueError, match="no field"):
         QuantConfig.from_dict({"grup": 3})
+
+
+@pytest.mark.parametrize("name", ["fp4quant", "single_scale", "nvfp4", "mxfp4", "int4"])
+def test_stochastic_rounding_rounds_scales_up(name):
+    # a scale rounded down would saturate its micro-group's largest values: biased
+    assert QuantConfig.preset(name, rounding="stochastic").scale_round == "up"
+    assert QuantConfig.preset(name).replace(rounding="stochastic").scale_round == "up"
+    assert QuantConfig.preset(name).replace(rounding="stochastic").replace(rounding="nearest") == QuantConfig.preset(name)
+
+
+def test_stochastic_rounding_without_micro_scales_has_nothing_to_round():
+    assert QuantConfig.preset("fp8", rounding="stochastic").scale_round == "nearest"
+
+
+@pytest.mark.parametrize("micro_scale, rule", [("e4m3", "nearest"), ("fp16", "nearest"), ("e8m0", "floor")])
+def test_saturating_scale_rule_with_stochastic_rounding_is_rejected(micro_scale, rule):
+    with pytest.raises(ValueError, match=r"QuantConfig\.scale_round must be 'up' .* rounding='stochastic'"):
+        QuantConfig(micro_scale=micro_scale, coarse_scale="none", scale_round=rule, rounding="stochastic")
+
+
+def test_an_explicit_scale_rule_survives_replace():
+    assert QuantConfig(scale_round="up").replace(group=256).scale_round == "up"
+    assert QuantConfig(scale_round="up").replace(rounding="nearest").scale_round == "up"
+
+
+def test_as_config_accepts_names_and_configs_only():
+    assert as_config("nvfp4") == QuantConfig.preset("nvfp4")
+    c = QuantConfig(group=512)
+    assert as_config(c) is c
+    with pytest.raises(ValueError, match="unknown preset 'fp3'"):
+        as_config("fp3")
+    with pytest.raises(TypeError, match="config must be a QuantConfig or a preset name"):
+        as_config({"group": 512})

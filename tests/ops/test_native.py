@@ -42,7 +42,9 @@ def check_all_ops(x: torch.Tensor, config: QuantConfig, seed: int = 3, offset: i
     native = ops.quantize_rows(x, config, seed, offset)
     oracle = reference.quantize_rows(x, config, seed, offset)
     assert torch.equal(native, oracle), f"quantize: {int((native != oracle).sum())} bytes differ"
-    assert bits_equal(ops.dequantize_rows(native, n, config, dtype), reference.dequantize_rows(oracle, n, config, dtype))
+    for saturate in (True, False):
+        a = ops.dequantize_rows(native, n, config, dtype, saturate)
+        assert bits_equal(a, reference.dequantize_rows(oracle, n, config, dtype, saturate)), f"dequantize({saturate})"
     for requantize in (True, False):
         a = ops.dequantize_reduce(native, n, config, dtype, requantize, seed + 1, offset)
         b = reference.dequantize_reduce(oracle, n, config, dtype, requantize, seed + 1, offset)
@@ -69,6 +71,33 @@ def test_bit_exact_other_configs(overrides):
     config = QuantConfig(**overrides)
     check_all_ops(inputs(2, 4 * config.block + 5, torch.float32, seed=11), config)
     check_all_ops(inputs(2, 3 * config.block, torch.bfloat16, seed=12), config.replace(rounding="stochastic"))
+
+
+def extremes(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Rows across float32's whole range (float16: up to its overflow), each with a NaN and an Inf
+    in one row, so that sums mix magnitudes 2**250 apart and overflow the dtype."""
+    g = torch.Generator().manual_seed(seed)
+    tops = [1e-40, 1e-30, 1e-3, 1e10, 1e37, 3e38] if dtype != torch.float16 else [1e-7, 1e-3, 6e4, 65504.0]
+    x = torch.randn(len(tops), n, generator=g)
+    x = x / x.abs().amax(dim=1, keepdim=True) * torch.tensor(tops)[:, None]
+    x[-1, : n // 2] = x[-1, : n // 2].sign() * tops[-1]  # half the top row at the top
+    x[1, n // 3] = float("nan")
+    x[2, n // 5] = float("inf")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("name", COMPRESSED)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bit_exact_across_the_range_and_on_overflow(name, dtype):
+    config = QuantConfig.preset(name)
+    check_all_ops(extremes(2 * config.block + 37, dtype, seed=1), config)
+    check_all_ops(extremes(3000, dtype, seed=2), config.replace(rounding="stochastic"))
+
+
+@pytest.mark.parametrize("overrides", CONFIG_VARIANTS, ids=variant_id)
+def test_bit_exact_across_the_range_other_configs(overrides):
+    config = QuantConfig(**overrides)
+    check_all_ops(extremes(2 * config.block + 5, torch.float32, seed=3), config)
 
 
 def test_adversarial_scale_ties_and_extremes():
@@ -193,6 +222,7 @@ from fp4quant.format.config import PRESETS
 from fp4quant.reference import codec as ref
 assert ops._native.module.cpu_isa() == "{isa}", ops._native.module.cpu_isa()
 g = torch.Generator().manual_seed(0)
+same = lambda p, q: torch.equal(p.isnan(), q.isnan()) and torch.equal(p.masked_fill(p.isnan(), 0), q.masked_fill(q.isnan(), 0))
 for name in PRESETS:
     if name == "bf16":
         continue
@@ -207,6 +237,17 @@ for name in PRESETS:
             assert torch.equal(torch.isnan(d1), torch.isnan(d2)) and torch.equal(d1.nan_to_num(), d2.nan_to_num())
             r1, r2 = ops.dequantize_reduce(a, 4100, c, dtype, True, 1, 2), ref.dequantize_reduce(b, 4100, c, dtype, True, 1, 2)
             assert torch.equal(r1, r2), (name, rounding, dtype)
+    # the range's edges: huge, tiny and float16-overflowing rows, one message and sums
+    for dtype, tops in ((torch.float32, (3e38, 1e37, 1e-40)), (torch.float16, (65504.0, 6e4, 1e-7))):
+        x = (torch.randn(3, 4100, generator=g) * torch.tensor(tops)[:, None] / 4).clamp(-tops[0], tops[0]).to(dtype)
+        a = ops.quantize_rows(x, name)
+        assert torch.equal(a, ref.quantize_rows(x, name)), (name, dtype)
+        for sat in (True, False):
+            d1, d2 = ops.dequantize_rows(a, 4100, name, dtype, sat), ref.dequantize_rows(a, 4100, name, dtype, sat)
+            assert same(d1, d2), (name, dtype, sat)
+        r1, r2 = ops.dequantize_reduce(a, 4100, name, dtype, False), ref.dequantize_reduce(a, 4100, name, dtype, False)
+        assert same(r1, r2), (name, dtype)
+        assert torch.equal(ops.dequantize_reduce(a, 4100, name, dtype, True), ref.dequantize_reduce(a, 4100, name, dtype, True))
 print("ok")
 """
 

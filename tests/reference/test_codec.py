@@ -210,8 +210,9 @@ def test_range_limits_of_the_baselines_are_saturation_not_garbage(gen):
     assert bool(torch.isfinite(y).all()) and float(y.abs().max()) <= 7 * 65504
     y = round_trip(x, QuantConfig.preset("no_fwht", coarse_scale="none"))
     assert float(y.abs().max()) <= 6 * 448
-    y = round_trip(x, QuantConfig.preset("single_scale"))  # FWHT of 1e38 overflows without a coarse scale
-    assert bool((~torch.isfinite(y) | (y.abs() <= 6 * 448)).all())
+    # the transformed values saturate at 6 * 448; the inverse FWHT spreads them over the group
+    y = round_trip(x, QuantConfig.preset("single_scale"))
+    assert bool(torch.isfinite(y).all()) and float(y.abs().max()) <= 6 * 448 * 2048**0.5
 
 
 def test_single_scale_underflows_on_small_magnitudes_where_fp4quant_does_not(gen):
@@ -254,21 +255,29 @@ def test_stochastic_rounding_depends_on_seed_and_offset(gen):
     assert torch.equal(base, reference_quantize(x, config, seed=1, offset=0).codes)
 
 
-@pytest.mark.parametrize("name", ["fp4quant", "no_fwht", "mxfp4", "int4", "fp8"])
-def test_stochastic_rounding_is_unbiased(name, gen):
-    # scales that round up never saturate, so the only randomness is unbiased rounding
-    x = torch.randn(1024, generator=gen) * torch.linspace(0.01, 3, 1024)
-    up = {} if name == "fp8" else {"scale_round": "up"}
-    config = QuantConfig.preset(name, rounding="stochastic", **up)
-    draws = 1000
-    total = torch.zeros_like(x, dtype=torch.float64)
-    single = 0.0
-    for seed in range(draws):
-        y = dequantize(reference_quantize(x, config, seed=seed)).double()
-        total += y
-        single += float(((y - x.double()) ** 2).sum())
-    bias = total / draws - x.double()
-    # the mean of n unbiased draws has squared error ~ (one draw's error) / n
-    assert float((bias**2).sum()) < 3 * single / draws / draws
-    nearest = dequantize(quantize(x, config.replace(rounding="nearest"))).double()
-    assert float(((nearest - x.double()) ** 2).sum()) > 5 * float((bias**2).sum())
+@pytest.mark.parametrize("name", COMPRESSED)
+def test_stochastic_rounding_is_unbiased(name):
+    """The mean of D draws converges to x: QuantConfig(rounding="stochastic") alone, no other field.
+
+    Each value's draws have some variance s_j^2 (estimated from the draws); if rounding is
+    unbiased the mean's squared error has expectation s_j^2 / D, so the ratio R of the summed
+    squared errors to the summed s_j^2 / D is about 1 (within a few percent over 4096 values;
+    per value, s_j estimated from a handful of rare roundings is too rough to test).  A biased rule (a micro-scale rounded down,
+    saturating its largest values at the element maximum) puts R in the hundreds.  The draws'
+    seeds are fixed, so the outcome is too.
+    """
+    config = QuantConfig.preset(name, rounding="stochastic")
+    g = torch.Generator().manual_seed(7)
+    n, draws = 4096, 400
+    signs = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+    x = 0.3 * torch.linspace(0.5, 1.5, n) * signs  # the issue's example: values near each group's maximum
+    x[n // 2 :] = torch.randn(n // 2, generator=g) * 0.3
+    ys = torch.stack([dequantize(quantize(x, config, generator=torch.Generator().manual_seed(d))) for d in range(draws)])
+    ys, x = ys.double(), x.double()
+    err = ys.mean(dim=0) - x
+    var = ys.var(dim=0)  # unbiased estimate of each value's variance
+    assert float(var.mean()) > 0, "stochastic rounding made no noise"
+    ratio = float((err**2).sum() / (var.sum() / draws))
+    assert 0.7 < ratio < 1.5, f"{name}: squared bias is {ratio:.1f}x what unbiased rounding allows"
+    nearest = dequantize(quantize(x.float(), config.replace(rounding="nearest"))).double()
+    assert float(((nearest - x) ** 2).sum()) > 50 * float((err**2).sum())

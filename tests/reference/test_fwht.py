@@ -22,6 +22,19 @@ def test_matches_scipy_hadamard(n, gen):
     assert torch.allclose(got, want, atol=1e-5 * x.abs().max().item() * n**0.5 / 4, rtol=0)
 
 
+@pytest.mark.parametrize("n", SIZES)
+def test_float64_input_is_transformed_in_float64(n, gen):
+    x = torch.randn(7, n, generator=gen, dtype=torch.float64)
+    H = torch.tensor(scipy.linalg.hadamard(n), dtype=torch.float64)
+    s = fwht_signs(n, 5).double()
+    want = (x * s) @ H / n**0.5
+    got = fwht(x, n, signs=5)
+    assert got.dtype == torch.float64
+    assert torch.allclose(got, want, atol=1e-12, rtol=0), float((got - want).abs().max())
+    back = ifwht(got, n, signs=5)
+    assert back.dtype == torch.float64 and torch.allclose(back, x, atol=1e-12, rtol=0)
+
+
 @pytest.mark.parametrize("n", [16, 256, 1024])
 def test_signs_are_a_diagonal_before_the_transform(n, gen):
     x = torch.randn(5, n, generator=gen)

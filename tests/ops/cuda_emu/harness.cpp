@@ -93,6 +93,7 @@ std::vector<uint8_t> make_input(int64_t rows, int64_t n, int dtype, std::mt19937
       if (k >= 5 && k < 12) v = 0.0f;
       if (k == 12) v = -0.0f;
       if (k >= 13 && k < 20) v = 0.25f * float(int(rng() % 25) - 12);  // e2m1 ties at scale 1
+      if (k == 20 || k == 21) v = k == 20 ? 6.0e4f : -6.5e4f;  // float16 sums that overflow
       x[size_t(r * n + i)] = v;
     }
     if (n > 100 && r == 1) {  // a row with no non-finite values but a huge one
@@ -172,8 +173,10 @@ void check(const Run& run, std::mt19937_64& rng) {
   }
   if (!run.transform) return;
 
-  // dequantize every row, to each dtype
-  for (int od = 0; od < 3; ++od) {
+  // dequantize every row, to each dtype, saturating (one message) or not (messages of sums)
+  for (int k = 0; k < 6; ++k) {
+    const bool saturate = k < 3;
+    const int od = k % 3;
     const size_t w = od == kF32 ? 4 : 2;
     std::vector<uint8_t> o_cpu(size_t(rows * run.n) * w, 0x00), o_gpu(size_t(rows * run.n) * w, 0x5A);
     DequantizeArgs da{};
@@ -183,6 +186,7 @@ void check(const Run& run, std::mt19937_64& rng) {
     da.msgs = q_cpu.data();
     da.out_dtype = od;
     da.signs = sp;
+    da.saturate = saturate;
     da.out = o_cpu.data();
     cpu::kernels_scalar().dequantize(da, serial_for);
     da.out = o_gpu.data();
