@@ -1,0 +1,45 @@
+"""setup.py with this checkout's torch: what it refuses before compiling, and its build record.
+
+(The CUDA builds, and the refusals of setup.py that need a CUDA torch: test_cuda_build.py.)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from _build_support import clean_env, copy_sources, last_line, setup_py
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    return copy_sources(tmp_path_factory.mktemp("src"))
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU build of torch")
+def test_gpu_machine_refuses_a_build_without_cuda_kernels(src, fake_gpu):
+    proc = setup_py(src, sys.executable, "--name", env=clean_env(PATH=fake_gpu()), timeout=300)
+    assert proc.returncode != 0
+    last = last_line(proc)
+    assert last.startswith(f"fp4quant: this machine has 1 GPU(s) (NVIDIA H100 80GB HBM3), driver 580.65.06 (CUDA <= "
+                           f"13.0) but torch {torch.__version__} is a CPU build"), proc.stderr
+    assert "FP4QUANT_CPU_ONLY=1" in last
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU build of torch")
+def test_gpu_machine_builds_cpu_kernels_when_asked(src, fake_gpu):
+    proc = setup_py(src, sys.executable, "--name", env=clean_env(PATH=fake_gpu(), FP4QUANT_CPU_ONLY="1"), timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "fp4quant", proc.stderr
+
+
+def test_failed_build_writes_no_record(tmp_path):
+    """The record is written after the library is built (test_cuda_build.py reads it), never before."""
+    src = copy_sources(tmp_path)
+    for source in [src / "csrc" / "binding.cpp", *(src / "csrc" / "cpu").glob("*.cpp")]:
+        source.write_text("#error deliberately broken\n" + source.read_text())
+    failed = setup_py(src, sys.executable, "build_ext", "--inplace", env=clean_env(FP4QUANT_CPU_ONLY="1"), timeout=900)
+    assert failed.returncode != 0 and "deliberately broken" in failed.stdout + failed.stderr
+    assert not (src / "fp4quant" / "_build_info.json").exists()
