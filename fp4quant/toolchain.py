@@ -309,16 +309,21 @@ def build_nvcc(torch_version: str, torch_cuda: str | None, gpus: Gpus | None, fo
 
 
 def cudart_paths(home: str, link_dir: Path) -> tuple[list[str], list[str]]:
-    """(include folders, library folders) that the CUDA runtime needs beyond CUDA_HOME's own.  A
-    toolkit has both in CUDA_HOME; NVIDIA's pip wheels ship only libcudart.so.N, which `-lcudart`
-    (torch's CUDAExtension adds it) cannot find: link_dir gets a libcudart.so pointing at it.
-    CUDA 12's pip wheels keep the runtime in a sibling package (nvidia/cuda_runtime)."""
-    roots = [Path(home), *sorted(Path(home).parent.glob("cuda_runtime"))]
-    includes = [str(r / "include") for r in roots[1:] if (r / "include" / "cuda_runtime.h").exists()]
+    """(include folders, library folders) that the CUDA runtime needs beyond the ones torch adds
+    (CUDA_HOME/include, and CUDA_HOME/lib64 or else lib).  A toolkit needs none.  conda-forge's
+    keeps the headers in CUDA_HOME/targets/<platform>/include; CUDA 12's pip wheels keep the
+    runtime in a sibling package (nvidia/cuda_runtime); NVIDIA's pip wheels ship only
+    libcudart.so.N, which `-lcudart` (torch's CUDAExtension adds it) cannot find: link_dir then
+    gets a libcudart.so pointing at it."""
+    base = Path(home)
+    roots = [base, *sorted(base.glob("targets/*")), *sorted(base.parent.glob("cuda_runtime"))]
+    includes = [] if (base / "include" / "cuda_runtime.h").exists() else [
+        str(r / "include") for r in roots[1:] if (r / "include" / "cuda_runtime.h").exists()][:1]
+    torch_lib = base / ("lib64" if (base / "lib64").exists() else "lib")
     libs = [r / d for r in roots for d in ("lib64", "lib")]
     for lib in libs:
         if (lib / "libcudart.so").exists():
-            return includes, ([] if lib.parent == Path(home) else [str(lib)])
+            return includes, ([] if lib == torch_lib else [str(lib)])
     versioned = sorted(p for lib in libs for p in lib.glob("libcudart.so.[0-9]*"))
     if not versioned:
         raise BuildError(f"the CUDA runtime library (libcudart.so) is missing beside nvcc in {home}: install the CUDA "

@@ -5,13 +5,15 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from _build_support import clean_env, copy_sources, last_line, setup_py
+from _build_support import ROOT, clean_env, copy_sources, last_line, setup_py
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +45,12 @@ def test_failed_build_writes_no_record(tmp_path):
     failed = setup_py(src, sys.executable, "build_ext", "--inplace", env=clean_env(FP4QUANT_CPU_ONLY="1"), timeout=900)
     assert failed.returncode != 0 and "deliberately broken" in failed.stdout + failed.stderr
     assert not (src / "fp4quant" / "_build_info.json").exists()
+
+
+def test_conda_environment_ties_pytorch_nvcc_and_cudart_to_one_cuda():
+    deps = [d for d in yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"] if isinstance(d, str)]
+    pins = dict(re.fullmatch(r"([\w-]+)=(\d+\.\d+)", d).groups() for d in deps if re.fullmatch(r"[\w-]+=\d+\.\d+", d))
+    assert pins.get("cuda-version"), deps
+    assert pins.get("cuda-nvcc") == pins["cuda-version"] and pins.get("cuda-cudart-dev") == pins["cuda-version"], pins
+    pytorch = [d for d in deps if d.split()[0] == "pytorch"]
+    assert pytorch and pytorch[0].split()[-1] == "cuda*", pytorch

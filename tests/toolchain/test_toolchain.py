@@ -189,6 +189,16 @@ def test_cuda12_pip_runtime_in_its_sibling_package(tmp_path):
     assert includes == [str(runtime / "include")] and libs == [str(tmp_path / "link")]
 
 
+def test_conda_forge_runtime_under_targets(tmp_path):
+    include, lib = tmp_path / "targets" / "x86_64-linux" / "include", tmp_path / "targets" / "x86_64-linux" / "lib"
+    include.mkdir(parents=True)
+    (include / "cuda_runtime.h").touch()
+    lib.mkdir()
+    (lib / "libcudart.so").touch()
+    (tmp_path / "lib").mkdir()
+    assert toolchain.cudart_paths(str(tmp_path), tmp_path / "link") == ([str(include)], [str(lib)])
+
+
 def test_a_toolkit_needs_no_extra_paths_and_a_missing_runtime_is_named(tmp_path):
     (tmp_path / "lib64").mkdir()
     (tmp_path / "lib64" / "libcudart.so").touch()
