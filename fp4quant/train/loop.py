@@ -66,7 +66,8 @@ class Trainer:
         else:
             self.mesh = ParallelMesh.single()
         if self.device.type == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            # more ranks than GPUs share them (gloo; NCCL refuses two ranks on one GPU by itself)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.is_logger = self.mesh.rank == 0
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,

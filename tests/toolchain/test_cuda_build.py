@@ -126,7 +126,7 @@ def test_setup_names_an_unreadable_arch_list(venv, tmp_path):
     assert last_line(proc).startswith("fp4quant: FP4QUANT_CUDA_ARCHS='9.0;hopper': cannot read 'hopper'"), proc.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.cuda
 @pytest.mark.skipif(not on_gpu_machine, reason="no GPU machine with a CUDA torch: the tests above build one")
 def test_installed_extension_has_cuda_kernels():
     from fp4quant.ops import _native
