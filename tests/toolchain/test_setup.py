@@ -41,9 +41,9 @@ def test_failed_build_writes_no_record(tmp_path):
     """The record is written after the library is built (test_cuda_build.py reads it), never before."""
     src = copy_sources(tmp_path)
     for source in [src / "csrc" / "binding.cpp", *(src / "csrc" / "cpu").glob("*.cpp")]:
-        source.write_text("#error deliberately broken\n" + source.read_text())
+        source.write_text('#include "deliberately_missing.h"\n' + source.read_text())  # fatal at once
     failed = setup_py(src, sys.executable, "build_ext", "--inplace", env=clean_env(FP4QUANT_CPU_ONLY="1"), timeout=900)
-    assert failed.returncode != 0 and "deliberately broken" in failed.stdout + failed.stderr
+    assert failed.returncode != 0 and "deliberately_missing.h" in failed.stdout + failed.stderr
     assert not (src / "fp4quant" / "_build_info.json").exists()
 
 
