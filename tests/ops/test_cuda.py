@@ -226,6 +226,12 @@ def test_cuda_tests_skip_only_where_there_is_no_gpu():
     assert cuda_verdict(None, True, "no kernels")[0] == "fail"  # torch sees a GPU that nvidia-smi does not list
 
 
+def test_cuda_tests_name_a_driver_too_old_for_torchs_cuda(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    verdict, why = cuda_verdict(H100, False)
+    assert verdict == "fail" and "torch.cuda.is_available() is False; the driver runs CUDA <= 12.4 only" in why
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs torch without a GPU")
 def test_cuda_tests_fail_where_nvidia_smi_lists_a_gpu_torch_cannot_use(fake_gpu):
     """The suite on a GPU machine whose torch cannot use the GPU is red and says why (this torch
