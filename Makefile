@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The install (which builds the native extension) is redone only when a file it depends
-# on changes: the dependency list, the bootstrap, the build script or the C++/CUDA sources.
-DEPS_FILES := pyproject.toml scripts/bootstrap.py setup.py $(sort $(shell find csrc -type f 2>/dev/null))
+# on changes: the dependency list, the bootstrap, the build script and its toolchain probes, or
+# the C++/CUDA sources.
+DEPS_FILES := pyproject.toml scripts/bootstrap.py setup.py fp4quant/toolchain.py $(sort $(shell find csrc -type f 2>/dev/null))
 DEPS_HASH := $(shell cat $(DEPS_FILES) 2>/dev/null | sha1sum | cut -c1-12)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
 

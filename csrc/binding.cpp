@@ -12,8 +12,10 @@
 #include "kernels.h"
 
 #ifdef FP4QUANT_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
+// c10's CUDA headers need only the CUDA runtime; ATen/cuda/CUDAContext.h would pull in the
+// cuBLAS/cuSPARSE/cuSOLVER headers, which a bare nvcc install (pip's, a minimal toolkit) lacks.
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "cuda/launch.h"
 #endif
@@ -195,7 +197,7 @@ at::Tensor quantize_cuda(const at::Tensor& x_in, at::IntArrayRef config, const c
   at::Tensor out;
   Scratch scratch;
   const QuantizeArgs a = quantize_args(x, cfg, signs, seed, offset, out, scratch);
-  check_cuda(cuda::quantize(a, at::cuda::getCurrentCUDAStream().stream()), "quantize");
+  check_cuda(cuda::quantize(a, c10::cuda::getCurrentCUDAStream().stream()), "quantize");
   return out;
 }
 
@@ -206,7 +208,7 @@ at::Tensor dequantize_cuda(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef
   const c10::cuda::CUDAGuard guard(msgs.device());
   at::Tensor out;
   const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, saturate, out);
-  check_cuda(cuda::dequantize(a, at::cuda::getCurrentCUDAStream().stream()), "dequantize");
+  check_cuda(cuda::dequantize(a, c10::cuda::getCurrentCUDAStream().stream()), "dequantize");
   return out;
 }
 
@@ -219,7 +221,7 @@ at::Tensor dequantize_reduce_cuda(const at::Tensor& msgs_in, int64_t n, at::IntA
   at::Tensor out;
   Scratch scratch;
   const ReduceArgs a = reduce_args(msgs, n, cfg, signs, dtype, requantize, seed, offset, out, scratch);
-  check_cuda(cuda::dequantize_reduce(a, at::cuda::getCurrentCUDAStream().stream()), "dequantize_reduce");
+  check_cuda(cuda::dequantize_reduce(a, c10::cuda::getCurrentCUDAStream().stream()), "dequantize_reduce");
   return out;
 }
 #endif

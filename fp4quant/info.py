@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from . import __version__, ops
+from . import __version__, ops, toolchain
 from .ops import _native
 from .provenance import git_commit, hardware
 
@@ -16,12 +16,14 @@ from .provenance import git_commit, hardware
 def info() -> dict:
     module = _native.module
     gpu = torch.cuda.is_available()
+    listed = toolchain.nvidia_gpus()
     return {
         "fp4quant": __version__,
         "commit": git_commit(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "hardware": hardware("cuda" if gpu else None),
+        "nvidia_smi": listed.describe() if listed else None,
         "extension": {
             "loaded": module is not None,
             "path": getattr(module, "__file__", None),
@@ -46,10 +48,14 @@ def main(argv=None) -> int:
     ext = d["extension"]
     print(f"fp4quant {d['fp4quant']} (commit {d['commit']})")
     print(f"torch {d['torch']}, CUDA {d['torch_cuda'] or 'none'}; hardware: {d['hardware']}")
+    print(f"nvidia-smi: {d['nvidia_smi'] or 'no GPU listed'}")
     if ext["loaded"]:
         built = ext["built_with"]
+        nvcc = built.get("nvcc")
+        cuda = (f"nvcc {nvcc['version']} ({nvcc['path']}), cubins sm_{', sm_'.join(built['cuda_archs'])}, "
+                f"PTX compute_{', compute_'.join(built['ptx_archs'])}") if nvcc else "no CUDA kernels"
         print(f"extension: {ext['path']}")
-        print(f"  built for torch {built.get('torch')}, CUDA {built.get('cuda') or 'none'}, archs {built.get('cuda_archs') or '-'}")
+        print(f"  built for torch {built.get('torch')}: {cuda}")
         print(f"  CPU kernels in use: {ext['cpu_kernels']}; CUDA kernels: {'yes' if ext['cuda_kernels'] else 'no'}")
     else:
         print(f"extension: not in use ({ext['unavailable_reason']})")

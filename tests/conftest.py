@@ -2,10 +2,50 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+from fp4quant import toolchain
+from helpers import cuda_verdict, obey
+
+# What fp4quant.toolchain reads from nvidia-smi, for a machine with one GPU: `-L`, the
+# driver/compute-capability query and the banner with the driver's CUDA version.
+FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$1" in
+  -L) echo "GPU 0: {name} (UUID: GPU-00000000-0000-0000-0000-000000000000)" ;;
+  --query-gpu=*) echo "{driver}, {cap}" ;;
+  "") echo "| NVIDIA-SMI {driver}    Driver Version: {driver}    CUDA Version: {cuda}     |" ;;
+esac
+"""
 
 
 @pytest.fixture
 def gen() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture
+def fake_gpu(tmp_path, monkeypatch):
+    """fake_gpu(driver=, cuda=, name=, cap=) puts an nvidia-smi that lists such a GPU first on
+    PATH (here and in subprocesses) and returns that PATH."""
+
+    def install(driver: str = "580.65.06", cuda: str = "13.0", name: str = "NVIDIA H100 80GB HBM3",
+                cap: str = "9.0") -> str:
+        folder = tmp_path / "fake-gpu-bin"
+        folder.mkdir(exist_ok=True)
+        smi = folder / "nvidia-smi"
+        smi.write_text(FAKE_NVIDIA_SMI.format(driver=driver, cuda=cuda, name=name, cap=cap))
+        smi.chmod(0o755)
+        path = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
+        monkeypatch.setenv("PATH", path)
+        return path
+
+    return install
+
+
+@pytest.fixture(scope="session")
+def cuda_machine():
+    """Tests that need torch on a GPU: skipped without a GPU, failed where a GPU is unusable."""
+    obey(cuda_verdict(toolchain.nvidia_gpus(), torch.cuda.is_available()))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+from fp4quant import toolchain
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -49,3 +52,28 @@ CONFIG_VARIANTS = [
 
 def variant_id(d: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in d.items())
+
+
+def cuda_verdict(gpus: toolchain.Gpus | None, torch_sees_gpu: bool, no_kernels: str | None = None):
+    """What a CUDA test does on this machine: None (run it), ("skip", why) where there is no GPU,
+    ("fail", why) where there is one (nvidia-smi lists it, or torch sees it) that torch or
+    fp4quant's extension cannot use: a GPU machine must test its GPU, not report green skips."""
+    if gpus is None and not torch_sees_gpu:
+        return "skip", "no NVIDIA GPU here (nvidia-smi lists none)"
+    listed = gpus.describe() if gpus else "a GPU"
+    if not torch_sees_gpu:
+        if not torch.version.cuda:
+            why = f"torch {torch.__version__} is a CPU build"
+        else:
+            why = f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use it: torch.cuda.is_available() is False"
+            if gpus and gpus.driver_cuda and not gpus.runs(tuple(int(x) for x in torch.version.cuda.split("."))):
+                why += f"; the driver runs CUDA <= {toolchain.version_str(gpus.driver_cuda)} only"
+        return "fail", f"nvidia-smi lists {listed} but {why} (rerun `make setup`: it installs a torch the driver runs)"
+    if no_kernels:
+        return "fail", f"this machine has {listed} but fp4quant's CUDA kernels are not in use: {no_kernels}"
+    return None
+
+
+def obey(verdict) -> None:
+    if verdict is not None:
+        (pytest.skip if verdict[0] == "skip" else pytest.fail)(verdict[1])

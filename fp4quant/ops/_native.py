@@ -7,6 +7,8 @@ pure-PyTorch reference and one warning says why.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
 import warnings
@@ -24,6 +26,19 @@ class NativeUnavailableWarning(UserWarning):
     """fp4quant's native kernels could not be used; the reference runs instead."""
 
 
+def _library_mismatch(info: dict) -> str | None:
+    """Why the build record does not describe the library that would load, or None."""
+    spec = importlib.util.find_spec("fp4quant._C")
+    if spec is None or not spec.origin:
+        return "fp4quant._C is missing (the build record exists, the library does not); rebuild with " \
+               "`pip install --no-build-isolation -e .`"
+    library = Path(spec.origin)
+    if "library_sha256" in info and hashlib.sha256(library.read_bytes()).hexdigest() != info["library_sha256"]:
+        return (f"{library.name} is not the library that {BUILD_INFO.name} describes (its checksum differs: a "
+                "failed or interrupted build?); rebuild with `pip install --no-build-isolation -e .`")
+    return None
+
+
 def _load():
     """(module, build info, reason it is unavailable or None)."""
     if os.environ.get("FP4QUANT_BACKEND") == "reference":
@@ -37,6 +52,9 @@ def _load():
             f"fp4quant._C was built for torch {info.get('torch')} but torch {torch.__version__} is running; "
             "rebuild with `pip install --no-build-isolation -e .`"
         )
+    mismatch = _library_mismatch(info)
+    if mismatch:
+        return None, info, mismatch
     try:
         from .. import _C  # noqa: F401  (registers torch.ops.fp4quant.*)
     except ImportError as exc:

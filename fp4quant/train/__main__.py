@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
     if "RANK" in os.environ:
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group(cfg.backend if cfg.backend != "auto" else "nccl" if use_cuda else "gloo")
     try:
         summary = Trainer(cfg, data).run()
     except ConfigError as exc:  # ranks that disagree, a checkpoint of another configuration

@@ -45,6 +45,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     eval_batches: int = 8
     device: str = "auto"  # auto (CUDA when available), cpu, cuda
+    backend: str = "auto"  # process group: auto (nccl on CUDA, else gloo), nccl, gloo (several ranks on one GPU)
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -59,6 +60,8 @@ class TrainConfig:
         need(self.compress in COMPRESS_CHOICES, f"--compress must be one of {COMPRESS_CHOICES}, got {self.compress!r}")
         need(self.algorithm in ("two_shot", "one_shot", "auto"), f"--algorithm must be two_shot, one_shot or auto, got {self.algorithm!r}")
         need(self.device in ("auto", "cpu", "cuda"), f"--device must be auto, cpu or cuda, got {self.device!r}")
+        need(self.backend in ("auto", "nccl", "gloo"), f"--backend must be auto, nccl or gloo, got {self.backend!r}")
+        need(not (self.backend == "nccl" and self.device == "cpu"), "--backend nccl needs --device cuda (or auto)")
         for name in ("tp", "steps", "seq_len", "batch_size", "checkpoint_every", "keep_checkpoints"):
             need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         need(self.lr > 0, f"--lr must be > 0, got {self.lr}")

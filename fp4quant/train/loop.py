@@ -73,7 +73,8 @@ class Trainer:
         self.device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
                                    else "cpu")
         if self.device.type == "cuda":  # before any collective: NCCL's object collectives use the current device
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            # more ranks than GPUs share them (gloo; NCCL refuses two ranks on one GPU by itself)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
         check_ranks_agree(cfg, {"device_type": self.device.type})  # before any other collective
         if dist.is_initialized():

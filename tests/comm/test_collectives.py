@@ -237,10 +237,9 @@ def test_all_gather_and_reduce_scatter(suite):
 
 @pytest.mark.cuda
 @pytest.mark.timeout(300)
+@pytest.mark.usefixtures("cuda_machine")
 def test_nccl_suite():
-    """The same checks on NCCL, one rank per visible GPU (skipped without CUDA)."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+    """The same checks on NCCL, one rank per visible GPU (skipped without a GPU)."""
     world = torch.cuda.device_count()
     results = run("suite", world, timeout=250, backend="nccl")
     for r in results:

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import bits_equal, CONFIG_VARIANTS, variant_id
-from fp4quant import QuantConfig, ops
+from helpers import bits_equal, CONFIG_VARIANTS, cuda_verdict, variant_id
+from fp4quant import QuantConfig, ops, toolchain
 from fp4quant.format.config import PRESETS
 from fp4quant.reference import codec as reference
 
@@ -102,15 +102,6 @@ def test_cuda_kernels_on_cpu_emulator_match_the_cpu_codec(tmp_path):
 
 
 # ---- on a GPU --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cuda_native():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    if ops.backend("cuda") != "native":
-        reason = ops._native.unavailable_reason or "fp4quant._C was built without CUDA kernels"
-        pytest.skip(f"native CUDA kernels unavailable: {reason}")
 
 
 def inputs(rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -218,3 +209,40 @@ def test_cuda_empty_inputs():
     assert ops.dequantize_rows(msgs, 0, config, torch.float32).shape == (2, 0)
     assert ops.dequantize_reduce(msgs, 0, config, torch.float32, True).numel() == 0
     assert ops.dequantize_reduce(msgs, 0, config, torch.float32, False).numel() == 0
+
+
+# ---- a GPU machine tests its GPU -------------------------------------------------------------
+
+H100 = toolchain.Gpus(("NVIDIA H100 80GB HBM3",), "550.54.15", (12, 4), ("9.0",))
+
+
+def test_cuda_tests_skip_only_where_there_is_no_gpu():
+    assert cuda_verdict(None, False)[0] == "skip"
+    assert cuda_verdict(H100, True) is None and cuda_verdict(None, True) is None
+    verdict, why = cuda_verdict(H100, False)
+    assert verdict == "fail" and why.startswith("nvidia-smi lists 1 GPU(s) (NVIDIA H100 80GB HBM3), driver 550.54.15")
+    verdict, why = cuda_verdict(H100, True, "fp4quant._C was built without CUDA kernels")
+    assert verdict == "fail" and why.endswith("CUDA kernels are not in use: fp4quant._C was built without CUDA kernels")
+    assert cuda_verdict(None, True, "no kernels")[0] == "fail"  # torch sees a GPU that nvidia-smi does not list
+
+
+def test_cuda_tests_name_a_driver_too_old_for_torchs_cuda(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    verdict, why = cuda_verdict(H100, False)
+    assert verdict == "fail" and "torch.cuda.is_available() is False; the driver runs CUDA <= 12.4 only" in why
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs torch without a GPU")
+def test_cuda_tests_fail_where_nvidia_smi_lists_a_gpu_torch_cannot_use(fake_gpu):
+    """The suite on a GPU machine whose torch cannot use the GPU is red and says why (this torch
+    being what such a machine would have: here, a CPU build)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-k", "empty_inputs",
+           str(Path(__file__))]
+    if toolchain.nvidia_gpus() is None:  # this machine, as it is: no GPU, a green skip
+        skipped = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout[-2000:]
+    fake_gpu(driver="580.65.06", cuda="13.0")
+    failed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1 and "1 error" in failed.stdout, failed.stdout[-3000:]
+    assert ("Failed: nvidia-smi lists 1 GPU(s) (NVIDIA H100 80GB HBM3), driver 580.65.06 (CUDA <= 13.0) but torch "
+            f"{torch.__version__}") in failed.stdout, failed.stdout[-3000:]

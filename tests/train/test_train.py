@@ -69,6 +69,8 @@ def test_lr_schedule():
         (dict(warmup=500), "--warmup must be in"),
         (dict(model="gpt"), "--model must be a preset"),
         (dict(device="tpu"), "--device must be"),
+        (dict(backend="mpi"), "--backend must be auto, nccl or gloo"),
+        (dict(backend="nccl", device="cpu"), "--backend nccl needs --device cuda"),
     ],
 )
 def test_bad_options_are_one_line_errors(kw, message):
