@@ -21,6 +21,7 @@ from .tables import TABLES
 
 # the result CSVs each figure and table reads (in the --results folder)
 READS = {"throughput": ["training"], "kernels": ["kernels"], "allreduce": ["collectives"], "projection": ["projection"],
+         "sensitivity": ["projection_sensitivity"],
          "convergence": ["curves", "training"], "error": ["error"], "formats": ["error"], "ablation": ["ablation"],
          "end_to_end": ["training"]}
 
@@ -74,6 +75,8 @@ def cmd_figure(a) -> None:
         figures.allreduce(read("collectives"), a.out, a.profile)
     elif a.name == "projection":
         figures.projection(read("projection"), a.out, a.profile)
+    elif a.name == "sensitivity":
+        figures.sensitivity(read("projection_sensitivity"), a.out, a.profile)
     elif a.name == "convergence":
         figures.convergence(read("curves"), read("training"), a.out, a.profile)
     else:

@@ -16,7 +16,7 @@ import seaborn as sns  # noqa: E402
 from ..provenance import atomic_write_bytes  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
 
-FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection")
+FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity")
 ORDER = ["bf16", "fp4quant", "no_fwht", "single_scale", "naive_pack", "nvfp4", "mxfp4", "int4", "fp8"]
 
 
@@ -135,3 +135,38 @@ def projection(df: pd.DataFrame, out, profile: str) -> None:
     b.title.set_fontsize(9)
     b.legend(fontsize=7, loc="upper left")
     _finish(fig, v, profile, out)
+
+
+SENSITIVITY_AXES = {"inter_node_bw_GBps": "inter-node GB/s per GPU", "latency_us": "latency per hop (us)",
+                    "codec_hbm_fraction": "codec / HBM bandwidth", "tflops": "sustained TFLOP/s per GPU",
+                    "overlap": "comm/compute overlap"}
+
+
+def sensitivity(df: pd.DataFrame, out, profile: str) -> None:
+    """The projected speedup against each assumption: a line with the others at the baseline,
+    and a band from the lowest to the highest speedup over every value of the others."""
+    fig, axes = plt.subplots(1, len(SENSITIVITY_AXES), figsize=(3.0 * len(SENSITIVITY_AXES), 3.2), sharey=True)
+    base = df[df.baseline.astype(str) == "True"]
+    palette = dict(zip(dict.fromkeys(df.scenario), sns.color_palette(n_colors=df.scenario.nunique())))
+    for ax, (key, label) in zip(axes, SENSITIVITY_AXES.items()):
+        for scenario, d in df.groupby("scenario", sort=False):
+            b = base[base.scenario == scenario].iloc[0]
+            others = [k for k in SENSITIVITY_AXES if k != key]
+            alone = d[(d[others] == b[others]).all(axis=1)].sort_values(key)
+            band = d.groupby(key).speedup.agg(["min", "max"]).reset_index()
+            x = lambda v: v.astype(float)  # noqa: E731  (overlap: False/True as 0/1)
+            ax.fill_between(x(band[key]), band["min"], band["max"], color=palette[scenario], alpha=0.15, lw=0)
+            ax.plot(x(alone[key]), alone.speedup, "o-", color=palette[scenario], ms=3,
+                    label=scenario.split(", ")[-1])
+            ax.plot([float(b[key])], [b.speedup], "k*", ms=7)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.axhline(1.56, color="C3", ls="--", lw=0.8)
+        ax.set(xlabel=label, xscale="log" if key == "inter_node_bw_GBps" else "linear")
+        ticks = sorted(set(df[key].astype(float)))
+        ax.set_xticks(ticks, ["off", "on"] if key == "overlap" else [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
+    axes[0].set(ylabel="FP4Quant / BF16 tokens/s")
+    axes[0].legend(fontsize=6, loc="upper left")
+    fig.suptitle("projected (step model, assumed H100 figures), Qwen-7B: line = others at baseline (*), "
+                 "band = range over all others; dashed: paper's 1.56x", fontsize=8)
+    _finish(fig, df, profile, out)

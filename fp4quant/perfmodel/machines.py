@@ -17,8 +17,11 @@ from .model import Machine, fit_link
 H100_CODEC_EFFICIENCY = 0.7
 
 
-def h100_codec(target: TargetCluster) -> dict[str, dict[str, float]]:
-    bw = H100_CODEC_EFFICIENCY * target.hbm_bw
+def h100_codec(target: TargetCluster, efficiency: float = H100_CODEC_EFFICIENCY) -> dict[str, dict[str, float]]:
+    """values/s of each op when the codec runs at ``efficiency`` of the HBM bandwidth."""
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"codec efficiency must be in (0, 1] of the HBM bandwidth, got {efficiency}")
+    bw = efficiency * target.hbm_bw
     rates = {"quantize": bw / 2.57, "dequantize_reduce": bw / 0.85, "dequantize": bw / 2.57}
     return {"fp4quant": rates}
 

@@ -12,7 +12,11 @@ communication  ring / two-shot: each rank sends and receives 2 (W-1)/W of the me
                inter-node link's figures when the TP group spans nodes, else the node's
 codec          quantize the message, dequantize-reduce it, dequantize it (two-shot), at
                the measured (or assumed) values per second of each
-TP communication is blocking (not overlapped with compute), as in Megatron-style TP.
+overlap        off (default): TP communication is blocking, as in Megatron-style TP and in
+               this project's trainer.  On: the wire time hides behind the step's compute as
+               far as that lasts (exposed = max(0, communication - compute)); the codec stays
+               on the critical path (it runs on the same cores / SMs as the compute).  An upper
+               bound on what overlapping schemes (async TP, chunked matmul pipelining) gain.
 
 A token-bucket link (the emulated cluster's tc shaping) accrues credit while idle: during
 the compute between two all-reduces it banks min(burst, bandwidth x gap) bytes, which
@@ -67,10 +71,11 @@ class Step:
     codec_s: float
     tokens_per_s: float
     wire_bytes: float  # per rank per step
+    exposed_comm_s: float  # the part of comm_s on the critical path (comm_s unless overlapped)
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.comm_s + self.codec_s
+        return self.compute_s + self.exposed_comm_s + self.codec_s
 
 
 def allreduce_time(nbytes: float, world: int, bw: float, latency: float, credit: float = 0.0) -> float:
@@ -84,8 +89,9 @@ def bytes_per_value(config: QuantConfig | None, uncompressed: float) -> float:
     return uncompressed if config is None or not config.compressed else config.bits_per_value / 8
 
 
-def step(w: Workload, m: Machine, preset: str, compress: str = "both") -> Step:
-    """The modelled step of workload ``w`` on machine ``m`` with TP traffic under ``preset``."""
+def step(w: Workload, m: Machine, preset: str, compress: str = "both", overlap: bool = False) -> Step:
+    """The modelled step of workload ``w`` on machine ``m`` with TP traffic under ``preset``
+    (``overlap``: the wire time hides behind compute, see the module's docstring)."""
     compute = w.model.flops_per_token(w.seq_len) * w.tokens / w.tp / m.rank_flops
     spans_nodes = w.tp > m.ranks_per_node
     bw, lat = (m.inter_bw, m.inter_latency) if spans_nodes else (m.intra_bw, m.intra_latency)
@@ -106,8 +112,9 @@ def step(w: Workload, m: Machine, preset: str, compress: str = "both") -> Step:
                 raise KeyError(f"machine {m.name!r} has no codec throughput for {preset!r}")
             codec += w.messages_per_direction * values * sum(1 / rates[op] for op in
                                                              ("quantize", "dequantize_reduce", "dequantize"))
-    total = compute + comm + codec
-    return Step(compute, comm, codec, w.dp * w.tokens / total, wire)
+    exposed = max(comm - compute, 0.0) if overlap else comm
+    total = compute + exposed + codec
+    return Step(compute, comm, codec, w.dp * w.tokens / total, wire, exposed)
 
 
 def fit_alpha_beta(sizes: list[float], latencies: list[float], world: int) -> tuple[float, float]:

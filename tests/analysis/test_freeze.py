@@ -11,6 +11,8 @@ import pytest
 from fp4quant.analysis.__main__ import main
 from fp4quant.analysis.figures import FIGURES
 from fp4quant.analysis.tables import TABLES
+from fp4quant.perfmodel import sensitivity
+from fp4quant.provenance import atomic_write_csv
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "reference/cpu-amd-epyc-2core/data/cpu"
@@ -25,6 +27,10 @@ def complete_run(tmp_path_factory) -> Path:
     (data / "results").mkdir()
     shutil.copy(REFERENCE / "results/projection.csv", data / "results")
     shutil.copy(REFERENCE / "results/projection.csv.meta.json", data / "results")
+    # the reference predates the sensitivity sweep: made here, stamped with the reference's origin
+    origin = pd.read_csv(REFERENCE / "results/projection.csv").iloc[0]
+    atomic_write_csv(data / "results/projection_sensitivity.csv",
+                     [{**r, "commit": origin.commit, "torch": origin.torch} for r in sensitivity.sweep()])
     (data / "tokens").mkdir()
     (data / "tokens/tokens.bin").write_bytes(b"\0" * 64)  # never frozen
     bench = data / "bench"

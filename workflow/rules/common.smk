@@ -20,7 +20,8 @@ CLUSTER = config.get("cluster", {})
 EMULATED = CLUSTER.get("enabled", False)
 NODES = CLUSTER.get("nodes", 2)
 
-FIGURE_NAMES = ["throughput", "kernels", "allreduce", "convergence", "error"] + (["projection"] if EMULATED else [])
+FIGURE_NAMES = ["throughput", "kernels", "allreduce", "convergence", "error", "sensitivity"] + (
+    ["projection"] if EMULATED else [])
 TABLE_NAMES = ["formats", "ablation", "end_to_end"]
 FIGURES = expand("figures/{name}.pdf", name=FIGURE_NAMES)
 TABLES = expand("paper/tables/{name}.tex", name=TABLE_NAMES)

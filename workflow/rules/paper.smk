@@ -8,6 +8,7 @@ RESULTS = f"{OUT}/results"
 rule figure:
     input:
         rules.collect_results.output,
+        rules.projection_sensitivity.output,
         [f"{OUT}/results/projection.csv"] if EMULATED else [],
     output:
         "figures/{name}.pdf",

@@ -21,6 +21,19 @@ rule collect_results:
         " --out-dir {OUT}/results 2> {log}"
 
 
+rule projection_sensitivity:
+    """The H100 projection swept over each of its assumptions (projected by the step model, no
+    measurement; after the build so that a new commit reruns it with everything else)."""
+    input:
+        rules.build_extension.output.info,
+    output:
+        f"{OUT}/results/projection_sensitivity.csv",
+    log:
+        f"{OUT}/logs/projection_sensitivity.log",
+    shell:
+        "{PY} -m fp4quant.perfmodel.sensitivity --out {output} 2> {log}"
+
+
 def ablation_rule(name):
     """`snakemake ablation_<name>`: the codec error, kernel speed and training run of one
     ablation beside the full method's, as data/<profile>/results/ablation_<name>.csv."""
