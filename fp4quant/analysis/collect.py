@@ -82,12 +82,17 @@ def ablation(name: str, error: pd.DataFrame, kernels: pd.DataFrame, runs: pd.Dat
             if len(a) and len(b):
                 rows.append({"ablation": name, "measure": f"quantize_gbps/{size}", "fp4quant": float(a.gbps.iloc[0]),
                              "ablated": float(b.gbps.iloc[0])})
+    seeds = set(runs[runs.comm == "fp4quant"].seed) & set(runs[runs.comm == name].seed)  # paired: same seeds
     for measure in ("final_loss", "val_loss", "tokens_per_s"):
-        a, b = runs[runs.comm == "fp4quant"][measure], runs[runs.comm == name][measure]
+        a = runs[(runs.comm == "fp4quant") & runs.seed.isin(seeds)][measure]
+        b = runs[(runs.comm == name) & runs.seed.isin(seeds)][measure]
         if len(a) and len(b):
             rows.append({"ablation": name, "measure": measure, "fp4quant": float(a.mean()), "ablated": float(b.mean())})
     df = pd.DataFrame(rows)
-    df["change"] = df.ablated / df.fp4quant - 1
+    # SQNR is already a ratio in dB: its change is a difference in dB; the rest are relative
+    in_db = df.measure.str.startswith("sqnr_db/")
+    df["change"] = (df.ablated - df.fp4quant).where(in_db, df.ablated / df.fp4quant - 1)
+    df["change_unit"] = in_db.map({True: "dB", False: "relative"})
     for key in PROVENANCE_COLUMNS:  # the training runs' hardware is the ablation's
         df[key] = runs[key].iloc[0] if key in runs and len(runs) else kernels[key].iloc[0]
     return df

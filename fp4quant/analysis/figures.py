@@ -91,13 +91,52 @@ def allreduce(df: pd.DataFrame, out, profile: str) -> None:
     _finish(fig, df, profile, out)
 
 
+ROLLING = 10  # steps in the convergence figure's moving average
+
+
+def palette(series) -> dict:
+    """One colour per TP communication, the same in every panel and figure."""
+    colours = sns.color_palette("tab10", n_colors=len(ORDER))
+    fixed = dict(zip(ORDER, colours))
+    extra = [v for v in _order(series) if v not in fixed]
+    return {**fixed, **dict(zip(extra, sns.color_palette("Set2", n_colors=max(len(extra), 1))))}
+
+
+def dashes(series) -> dict:
+    """One line style per TP communication, the same in every panel (solid for the first)."""
+    styles = ["", (4, 1.5), (1, 1), (3, 1.25, 1.5, 1.25), (5, 1, 1, 1), (2, 2), (6, 2), (1, 2), (4, 1, 1, 1, 1, 1)]
+    return {v: styles[i % len(styles)] for i, v in enumerate(ORDER + [x for x in _order(series) if x not in ORDER])}
+
+
 def convergence(curves: pd.DataFrame, training: pd.DataFrame, out, profile: str) -> None:
-    """Training loss per step (a moving average over 10 steps) per TP communication."""
+    """Left: training loss per step (a 10-step moving average) per TP communication, the band
+    spanning the seeds.  Right: the paired difference to BF16 (same seed, same step), so that
+    curves lying on each other stay visible."""
     c = curves.sort_values("step").copy()
-    c["loss (10-step mean)"] = c.groupby(["comm", "seed"]).loss.transform(lambda s: s.rolling(10, min_periods=1).mean())
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    sns.lineplot(data=c, x="step", y="loss (10-step mean)", hue="comm", hue_order=_order(c.comm), ax=ax)
-    ax.set(ylabel="training loss (nats / token)", title=f"{c.model.iloc[0]}: loss curves")
+    c["loss"] = c.groupby(["comm", "seed"]).loss.transform(lambda s: s.rolling(ROLLING, min_periods=1).mean())
+    seeds = c.groupby("comm").seed.nunique()
+    order, colours, styles = _order(c.comm), palette(c.comm), dashes(c.comm)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    band = ("pi", 100) if seeds.max() > 1 else None  # min-max over seeds
+    sns.lineplot(data=c, x="step", y="loss", hue="comm", style="comm", hue_order=order, style_order=order,
+                 palette=colours, dashes=styles, errorbar=band, ax=a)
+    n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
+    a.set(ylabel=f"training loss (nats/token), {ROLLING}-step mean",
+          title=f"{c.model.iloc[0]}: loss" + (f", band = min-max over {n} seeds" if band else ", one seed"))
+    a.title.set_fontsize(8)
+    if "bf16" in set(c.comm):
+        base = c[c.comm == "bf16"].set_index(["seed", "step"]).loss
+        d = c[c.comm != "bf16"].copy()
+        d["difference"] = d.loss.to_numpy() - base.reindex(pd.MultiIndex.from_frame(d[["seed", "step"]])).to_numpy()
+        d = d.dropna(subset=["difference"])
+        rest = [x for x in order if x != "bf16"]
+        sns.lineplot(data=d, x="step", y="difference", hue="comm", style="comm", hue_order=rest, style_order=rest,
+                     palette=colours, dashes=styles, errorbar=band, ax=b)
+        b.axhline(0.0, color="k", lw=0.8)
+        b.set(ylabel="loss - BF16's (same seed and step)", title="paired difference to BF16")
+        b.title.set_fontsize(8)
+    else:
+        b.set_axis_off()
     _finish(fig, training, profile, out)
 
 

@@ -65,10 +65,24 @@ def formats(error: pd.DataFrame, out, profile: str) -> None:
 
 def ablation(ablations: pd.DataFrame, out, profile: str) -> None:
     """Each ablation against the full method, measure by measure."""
-    rows = [[_tex(r.ablation), _tex(r.measure), number(r.fp4quant, ".4g"), number(r.ablated, ".4g"),
-             number(100 * r.change, "+.1f")] for r in ablations.itertuples()]
-    _write(out, ablations, profile, ["ablation", "measure", "fp4quant", "ablated", "change %"], rows,
-           "Ablations: one mechanism removed at a time. " + _where(ablations, profile), "tab:ablation")
+    rows = [[_tex(r.ablation), _tex(r.measure), number(r.fp4quant, ".4g"), number(r.ablated, ".4g"), change(r)]
+            for r in ablations.itertuples()]
+    _write(out, ablations, profile, ["ablation", "measure", "fp4quant", "ablated", "change"], rows,
+           "Ablations: one mechanism removed at a time; SQNR changes in dB, the others relative (training "
+           "measures: means over seeds). " + _where(ablations, profile), "tab:ablation")
+
+
+def change(r) -> str:
+    """An ablation row's change in its unit: dB for SQNR, percent for the rest."""
+    return number(r.change, "+.2f") + " dB" if r.change_unit == "dB" else _tex(number(100 * r.change, "+.1f") + "%")
+
+
+def mean_sd(values: pd.Series, fmt: str) -> str:
+    """mean +- sample SD over seeds (the mean alone for one seed)."""
+    v = values.dropna()
+    if len(v) < 2:
+        return number(v.mean(), fmt)
+    return f"{number(v.mean(), fmt)} $\\pm$ {number(v.std(ddof=1), fmt)}"
 
 
 def end_to_end(training: pd.DataFrame, out, profile: str) -> None:
@@ -77,11 +91,12 @@ def end_to_end(training: pd.DataFrame, out, profile: str) -> None:
     for comm in _order(training.comm):
         g = training[training.comm == comm]
         per_step = (g.fwd_bytes_sent + g.bwd_bytes_sent) / g.steps
-        rows.append([_tex(comm), number(g.tokens_per_s.mean(), ".1f"), number(g.speedup_vs_bf16.mean(), ".3f"),
-                     number(g.final_loss.mean(), ".4f"), number(g.val_loss.mean(), ".4f"),
-                     number(per_step.mean() / 2**20, ".3f")])
+        rows.append([_tex(comm), str(len(g)), mean_sd(g.tokens_per_s, ".1f"), mean_sd(g.speedup_vs_bf16, ".3f"),
+                     mean_sd(g.final_loss, ".4f"), mean_sd(g.val_loss, ".4f"), number(per_step.mean() / 2**20, ".3f")])
     first = training.iloc[0]
-    caption = (f"End-to-end training of {_tex(first.model)} (TP={first.tp}, DP={first.dp}, {first.steps} steps). "
-               + _where(training, profile))
-    _write(out, training, profile, ["TP comm", "tokens/s", "speedup", "final loss", "val loss", "MiB sent/step"], rows, caption,
-           "tab:end_to_end")
+    caption = (f"End-to-end training of {_tex(first.model)} (TP={first.tp}, DP={first.dp}, {first.steps} steps): "
+               "mean $\\pm$ sample SD over the n seeds. Final loss: the mean training loss of the last 10 steps; "
+               "val loss: the mean over the held-out batches after the last step; speedup: tokens/s over BF16's "
+               "of the same seed. " + _where(training, profile))
+    _write(out, training, profile, ["TP comm", "n", "tokens/s", "speedup", "final loss", "val loss", "MiB sent/step"],
+           rows, caption, "tab:end_to_end")

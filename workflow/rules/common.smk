@@ -46,7 +46,16 @@ def run_dir(comm, seed):
     return f"{OUT}/{'cluster/' if EMULATED else ''}runs/{MODEL}/{comm}/seed{seed}"
 
 
-RUN_DIRS = [run_dir(c, s) for c in RUN_COMMS for s in TRAIN["seeds"]]
+ABLATION_SEEDS = TRAIN.get("ablation_seeds", TRAIN["seeds"])
+
+
+def seeds_of(comm):
+    """The seeds a TP communication trains with: every seed for the compared presets, the
+    ablation seeds for an ablation that is not also one of them."""
+    return TRAIN["seeds"] if comm in TRAIN["comms"] else ABLATION_SEEDS
+
+
+RUN_DIRS = [run_dir(c, s) for c in RUN_COMMS for s in seeds_of(c)]
 
 
 def fresh_run(wildcards, args, inputs):

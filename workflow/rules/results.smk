@@ -42,7 +42,7 @@ def ablation_rule(name):
         name:
             f"ablation_{name}"
         input:
-            runs=[f"{run_dir(c, s)}/summary.json" for c in ("fp4quant", name) for s in TRAIN["seeds"]],
+            runs=[f"{run_dir(c, s)}/summary.json" for c in ("fp4quant", name) for s in seeds_of(c)],
             error=rules.error_benchmark.output.csv,
             kernels=rules.kernel_benchmark.output.csv,
         output:
@@ -50,7 +50,7 @@ def ablation_rule(name):
         log:
             f"{OUT}/logs/ablation_{name}.log",
         params:
-            runs=[run_dir(c, s) for c in ("fp4quant", name) for s in TRAIN["seeds"]],
+            runs=[run_dir(c, s) for c in ("fp4quant", name) for s in seeds_of(c)],
         shell:
             "{PY} -m fp4quant.analysis ablation " + name + " --profile {PROFILE} --runs {params.runs}"
             " --error {input.error} --kernels {input.kernels} --out {output} 2> {log}"

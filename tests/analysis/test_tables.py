@@ -1,0 +1,45 @@
+"""Result tables: changes in their units, spreads over seeds, paired comparisons."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from fp4quant.analysis import collect, tables
+
+ORIGIN = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "c" * 40, "torch": "2.13.0+cpu"}
+
+
+def runs(rows) -> pd.DataFrame:
+    return pd.DataFrame([{**ORIGIN, "comm": c, "seed": s, "final_loss": f, "val_loss": f + 0.1, "tokens_per_s": t}
+                         for c, s, f, t in rows])
+
+
+def test_ablation_sqnr_changes_in_db_the_rest_relative_and_paired_by_seed():
+    error = pd.DataFrame([{**ORIGIN, "study": "presets", "kind": "gaussian", "config": c, "sqnr_db": v}
+                          for c, v in (("fp4quant", 20.0), ("no_fwht", 27.5))])
+    kernels = pd.DataFrame(columns=["op", "impl", "preset", "size_bytes", "gbps", *ORIGIN])
+    r = runs([("fp4quant", 0, 2.0, 100.0), ("fp4quant", 1, 3.0, 300.0), ("no_fwht", 0, 2.2, 110.0)])
+    df = collect.ablation("no_fwht", error, kernels, r).set_index("measure")
+    assert df.loc["sqnr_db/gaussian", "change"] == pytest.approx(7.5)
+    assert df.loc["sqnr_db/gaussian", "change_unit"] == "dB"
+    # seed 1 has no ablated run: the comparison uses seed 0 only
+    assert df.loc["final_loss", "fp4quant"] == 2.0 and df.loc["final_loss", "change"] == pytest.approx(0.1)
+    assert df.loc["tokens_per_s", "change_unit"] == "relative"
+    rows = {r.measure: r for r in df.reset_index().itertuples()}
+    assert tables.change(rows["sqnr_db/gaussian"]) == "+7.50 dB" and tables.change(rows["final_loss"]) == r"+10.0\%"
+
+
+def test_end_to_end_reports_mean_and_sd_over_seeds(tmp_path):
+    r = runs([("bf16", s, 2.4 + 0.01 * s, 700.0 + s) for s in range(3)]
+             + [("fp4quant", s, 2.5 + 0.02 * s, 2000.0 + 10 * s) for s in range(3)])
+    r = r.assign(model="tiny", tp=2, dp=1, steps=300, fwd_bytes_sent=1.0, bwd_bytes_sent=1.0,
+                 speedup_vs_bf16=r.tokens_per_s / r.seed.map({s: 700.0 + s for s in range(3)}))
+    out = tmp_path / "e2e.tex"
+    tables.end_to_end(r, out, "cpu")
+    tex = out.read_text()
+    row = next(line for line in tex.splitlines() if line.startswith("fp4quant"))
+    cells = [c.strip() for c in row.rstrip("\\ ").split("&")]
+    assert cells[1] == "3" and cells[2] == "2010.0 $\\pm$ 10.0" and cells[4] == "2.5200 $\\pm$ 0.0200"
+    assert "last 10 steps" in tex and "sample SD" in tex
+    assert tables.mean_sd(pd.Series([1.5]), ".2f") == "1.50"
