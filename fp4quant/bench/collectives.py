@@ -33,11 +33,11 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from .. import comm
-from ..comm import algorithms, auto, plan
+from ..comm import auto
 from ..format.config import QuantConfig
 from ..ops import backend as codec_backend
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
-from ..train.loop import pin_threads
+from ..threads import pin_threads
 
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [4 * KIB * 4**k for k in range(9)]  # 4 KiB .. 256 MiB
@@ -81,7 +81,7 @@ def series(presets, algorithms, chunked: int | str | None, sweep: list[int]) -> 
 
 def effective_chunk(s: Series, size: int, device: torch.device) -> int | None:
     """Bytes per chunk the series uses at ``size`` (None: one chunk)."""
-    c = plan.default_chunk_bytes(size, device.type) if s.chunk_bytes == "auto" else s.chunk_bytes
+    c = comm.default_chunk_bytes(size, device.type) if s.chunk_bytes == "auto" else s.chunk_bytes
     return c if c and size >= 2 * c else None
 
 
@@ -105,18 +105,15 @@ def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup
         _sync(work.device)
         dist.barrier(group)
         t = time.perf_counter()
-        comm.all_reduce(work, config, group, algorithm=algorithm, chunk_bytes=s.chunk_bytes, direction="bench")
+        comm.all_reduce(work, config, group, algorithm=algorithm, chunk_bytes=s.chunk_bytes, stats_key="bench",
+                        overlap=s.overlap)
         _sync(work.device)
         return time.perf_counter() - t
 
-    algorithms.OVERLAP = s.overlap
-    try:
-        for _ in range(warmup):
-            once()
-        comm.reset_stats()
-        times = torch.tensor([once() for _ in range(iters)], dtype=torch.float64)
-    finally:
-        algorithms.OVERLAP = True
+    for _ in range(warmup):
+        once()
+    comm.reset_stats()
+    times = torch.tensor([once() for _ in range(iters)], dtype=torch.float64)
     st = comm.stats()["bench"]
     slowest = times.to(work.device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # an iteration lasts as long as its slowest rank
@@ -147,7 +144,7 @@ def summarize(rows: list[dict], chunk_policy: str) -> dict:
     for label, sp in by_label.items():
         if label.startswith("none/"):
             continue
-        summary["crossover_bytes"][label] = auto._stable_threshold([(size, v > 1) for size, v in sp.items()])
+        summary["crossover_bytes"][label] = auto.stable_threshold([(size, v > 1) for size, v in sp.items()])
         summary["win_sizes"][label] = sorted(size for size, v in sp.items() if v > 1)
         if 64 * MIB in sp:
             summary["speedup_at_64MiB"][label] = sp[64 * MIB]

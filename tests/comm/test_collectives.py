@@ -157,7 +157,7 @@ def test_validation_raises_on_every_rank(suite):
         assert rec["fast_path_exchanges"] == 0, "the fast path must not exchange metadata"
         assert rec["validated_exchanges"] == 1 and rec["ok"] is None
         for key, field in (("dtype", "tensor.dtype"), ("config", "config.group"), ("op", "op"),
-                           ("shape_env", "tensor.shape"), ("empty_vs_nonempty", "tensor.shape")):
+                           ("shape", "tensor.shape"), ("empty_vs_nonempty", "tensor.shape")):
             err = rec[key]
             if W == 1:
                 assert err is None, (key, err)
@@ -176,6 +176,8 @@ def test_validation_raises_on_every_rank(suite):
         assert rec["bad_op"]["type"] == "ValueError" and "op" in rec["bad_op"]["msg"]
         assert rec["bad_algorithm"]["type"] == "ValueError" and "algorithm" in rec["bad_algorithm"]["msg"]
         assert rec["bad_rs_shape"]["type"] == "ValueError"
+        err = rec["stochastic_without_streams"]
+        assert err["type"] == "ValueError" and "random streams" in err["msg"], err
         assert rec["in_step"], "ranks fell out of step after the argument errors"
 
 
