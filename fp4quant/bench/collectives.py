@@ -95,8 +95,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup: int, group=None) -> dict:
-    """Time ``iters`` all-reduces of ``src`` (copied into ``work`` before each)."""
+def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup: int, group=None,
+            validate: bool = False) -> dict:
+    """Time ``iters`` all-reduces of ``src`` (copied into ``work`` before each); ``validate``:
+    each call validated across ranks first (to time what validation costs)."""
     config = None if s.config == "none" else QuantConfig.preset(s.config)
     algorithm = "two_shot" if s.algorithm == "uncompressed" else s.algorithm
 
@@ -106,7 +108,7 @@ def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup
         dist.barrier(group)
         t = time.perf_counter()
         comm.all_reduce(work, config, group, algorithm=algorithm, chunk_bytes=s.chunk_bytes, stats_key="bench",
-                        overlap=s.overlap)
+                        overlap=s.overlap, validate=validate)
         _sync(work.device)
         return time.perf_counter() - t
 
@@ -205,6 +207,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-sweep", type=int, nargs="*", default=[1 * MIB, 4 * MIB, 16 * MIB],
                     help="chunk sizes for fp4quant two-shot, each with and without overlap")
     ap.add_argument("--backend", default=None, help="default: nccl with CUDA, else gloo")
+    ap.add_argument("--validate", action="store_true",
+                    help="validate every collective across ranks (times what validation costs)")
     ap.add_argument("--quick", action="store_true",
                     help="3 small sizes, 2 presets, 2 iterations, 256 KiB sweep (for tests)")
     args = ap.parse_args(argv)
@@ -225,7 +229,7 @@ def main(argv=None) -> int:
     series_list = series(args.presets, args.algorithms, chunked, [] if args.no_chunk_sweep else args.chunk_sweep)
     dtype = getattr(torch, args.dtype)
     prov = provenance(device, backend=backend, world_size=world, sizes=sizes, iters=args.iters,
-                      budget_mib=args.budget_mib, threads_per_rank=torch.get_num_threads(),
+                      budget_mib=args.budget_mib, validate=args.validate, threads_per_rank=torch.get_num_threads(),
                       codec_backend=codec_backend(device), argv=sys.argv[1:] if argv is None else argv)
     common = {"backend": backend, "world_size": world, "dtype": args.dtype, "hardware": prov["hardware"],
               "torch": prov["torch"], "commit": prov["commit"], "codec": prov["codec_backend"]}
@@ -243,7 +247,7 @@ def main(argv=None) -> int:
             if (size, s) not in todo_set:
                 continue
             bar.set_postfix_str(f"{size // KIB} KiB {s.label}")
-            m = measure(s, src, work, iters, warmup)
+            m = measure(s, src, work, iters, warmup, validate=args.validate)
             base = m["latency_s"] if s.config == "none" else base
             rows.append({
                 "study": s.study, "series": s.label, "config": s.config, "algorithm": s.algorithm,

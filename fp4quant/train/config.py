@@ -45,6 +45,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     eval_batches: int = 8
     device: str = "auto"  # auto (CUDA when available), cpu, cuda
+    validate_every_step: bool = False  # validate every collective across ranks (the first step always is)
+    sync_timing: bool = False  # on CUDA, synchronize around timed codec/comm steps: the log's times are GPU durations
     backend: str = "auto"  # process group: auto (nccl on CUDA, else gloo), nccl, gloo (several ranks on one GPU)
 
     def __post_init__(self) -> None:

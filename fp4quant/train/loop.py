@@ -70,7 +70,8 @@ class Trainer:
             self.mesh = ParallelMesh.single()
         self.is_logger = self.mesh.rank == 0
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
-                                                  algorithm=cfg.algorithm, seed=cfg.seed)
+                                                  algorithm=cfg.algorithm, seed=cfg.seed,
+                                                  validate=cfg.validate_every_step, sync_timing=cfg.sync_timing)
         self.tp = TPCommunicator(self.mesh.tp_group, self.comm_config)
         self.data = data if data is not None else TokenDataset(cfg.data)
         self.model = self._build_model()

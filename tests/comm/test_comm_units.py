@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,9 +9,6 @@ import torch.distributed as dist
 from fp4quant.comm import RandomStreams, Wire, auto, counters, derive, mix64, plan, validate
 from fp4quant.comm.streams import REQUANT_BIT, CallStreams
 from fp4quant.format.config import QuantConfig
-
-COMM = Path(__file__).resolve().parents[2] / "fp4quant" / "comm"
-
 
 def test_shard_values_are_block_multiples_covering_the_tensor():
     for world in (1, 2, 3, 4, 7, 8):
@@ -172,17 +166,3 @@ def test_stats_recorder():
     assert counters.stats()["fwd"]["calls"] == 1
     counters.reset_stats()
     assert counters.stats() == {}
-
-
-def test_layering():
-    """comm builds on format/ops/reference/provenance only, never on parallel/models/train."""
-    allowed = {"format", "ops", "reference", "provenance"}
-    for path in COMM.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level >= 2:  # from ..x import y / from .. import x
-                first = node.module.split(".")[0] if node.module else None
-                targets = {first} if first else {a.name for a in node.names}
-                assert targets <= allowed, (path.name, node.module, [a.name for a in node.names])
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-                assert not any(n.startswith(("fp4quant.parallel", "fp4quant.models", "fp4quant.train")) for n in names)
