@@ -1,6 +1,6 @@
-"""The bodies of the multi-process tests, run on every rank by _comm_launch.
+"""The bodies of the multi-process tests, run on every rank by tests/distributed.py (run_job).
 
-    python tests/comm/_comm_jobs.py suite OUT.json
+    python tests/comm/_comm_jobs.py suite OUT.json     (OUT may hold {rank})
 
 Ranks only measure and record (NMSEs, bit-identity across ranks, exceptions raised);
 the tests assert on the recorded values, so a failed expectation on one rank never
@@ -452,8 +452,9 @@ CHECKS = {name[6:]: fn for name, fn in globals().items() if name.startswith("che
 
 def main() -> int:
     global C
-    job, out_path = sys.argv[1], sys.argv[2]
+    job = sys.argv[1]
     C = Ctx()
+    out_path = sys.argv[2].format(rank=C.rank)
     dist.init_process_group(C.backend, device_id=C.device if C.backend == "nccl" else None)
     results: dict[str, Any] = {"world": C.world, "rank": C.rank}
     names = list(CHECKS) if job == "suite" else job.split(",")
