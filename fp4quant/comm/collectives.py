@@ -9,6 +9,7 @@ re-quantization of the two-shot happen in the transformed domain (``dequantize_r
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -239,8 +240,6 @@ def _shard_collective(input: torch.Tensor, output: torch.Tensor, setup: _Setup, 
 
 def _quiet(fn, *args, **kwargs):
     """A torch collective without the FutureWarning of its deprecated spelling."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return fn(*args, **kwargs)
