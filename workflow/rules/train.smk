@@ -9,10 +9,10 @@ rule prepare_data:
         f"{OUT}/logs/prepare_data.log",
     params:
         inputs=("--input " + " ".join(config.get("data", {}).get("inputs", []))) if config.get("data", {}).get("inputs") else "",
-        tokenizer=config.get("data", {}).get("tokenizer", "bytes"),
+        tokenizer=f"--tokenizer {config['data']['tokenizer']}" if config.get("data", {}).get("tokenizer") else "",
         provenance=PROVENANCE_KEY,  # the tokenizer is code too
     shell:
-        "{PY} -m fp4quant.data prepare --out {OUT}/tokens {params.inputs} --tokenizer {params.tokenizer} 2> {log}"
+        "{PY} -m fp4quant.data prepare --out {OUT}/tokens {params.inputs} {params.tokenizer} 2> {log}"
 
 
 # The training options the configuration may set; those it leaves out take the trainer's
