@@ -8,13 +8,12 @@ import sys
 
 import torch
 
-from . import __version__, ops, toolchain
-from .ops import _native
+from . import __version__, environment, ops, toolchain
 from .provenance import git_commit, hardware
 
 
 def info() -> dict:
-    module = _native.module
+    module, built_with, unavailable_reason = ops.extension()
     gpu = torch.cuda.is_available()
     listed = toolchain.nvidia_gpus()
     return {
@@ -27,13 +26,14 @@ def info() -> dict:
         "extension": {
             "loaded": module is not None,
             "path": getattr(module, "__file__", None),
-            "unavailable_reason": _native.unavailable_reason,
-            "built_with": _native.build_info,
+            "unavailable_reason": unavailable_reason,
+            "built_with": built_with,
             "cpu_kernels": module.cpu_isa() if module is not None else None,
             "cuda_kernels": bool(module.with_cuda) if module is not None else False,
             "cuda_archs": module.cuda_archs if module is not None else "",
         },
         "backend": {"cpu": ops.backend("cpu"), "cuda": ops.backend("cuda") if gpu else "no GPU"},
+        "environment": environment.current(),
     }
 
 
@@ -60,6 +60,10 @@ def main(argv=None) -> int:
     else:
         print(f"extension: not in use ({ext['unavailable_reason']})")
     print(f"ops run on: cpu={d['backend']['cpu']}, cuda={d['backend']['cuda']}")
+    print("environment variables (docs/environment.md; none changes what a run computes):")
+    for v in environment.VARIABLES:
+        value = d["environment"][v.name]
+        print(f"  {v.name:22s} {v.kind:10s} {'(unset)' if value is None else repr(value)}")
     return 0
 
 

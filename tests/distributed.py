@@ -1,15 +1,21 @@
-"""Run a test function on N gloo ranks (fresh processes, as torchrun would start them).
+"""The one launcher of the multi-process tests: N ranks as fresh processes, as torchrun would
+start them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and a free MASTER_PORT set).
 
     results = run_ranks("parallel.rank_jobs:tp_matches_single", world=2, args={...})
+    records = run_job("suite", world=4, backend="gloo")      # tests/comm/_comm_jobs.py
 
-Each rank imports ``module`` (relative to tests/) and calls ``function(rank, world, **args)``
-after ``init_process_group("gloo")``; what it returns is pickled back (torch.save).  On
-a timeout, or when a rank fails, every rank is killed (process group) and the test
-fails with each rank's output tail: a hung collective never hangs the suite.
+``run_ranks`` imports ``module`` (relative to tests/) on each rank and calls
+``function(rank, world, **args)`` after ``init_process_group("gloo")``; what it returns is
+pickled back (torch.save).  ``run_job`` runs ``python tests/comm/_comm_jobs.py JOB OUT``
+on each rank (it sets up its own process group, gloo or NCCL) and returns each rank's JSON
+record.  On a timeout, or as soon as one rank fails, every rank is killed (by process
+group) and the test fails with each rank's output tail: a hung collective never hangs the
+suite.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -24,6 +30,7 @@ import torch
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+COMM_JOBS = TESTS / "comm" / "_comm_jobs.py"
 
 CHILD = """
 import importlib, os, sys, torch, torch.distributed as dist
@@ -43,10 +50,44 @@ os._exit(0)
 """
 
 
+class RanksFailed(AssertionError):
+    """A rank failed or the job timed out; the message holds each rank's output tail."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def launch(what: str, argv: list[str], world: int, folder: Path, timeout: float, env: dict[str, str] | None) -> None:
+    """Run ``argv`` as ranks 0 .. world-1 (logs in ``folder``); return when all exit 0."""
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
+            "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            **(env or {})}
+    procs, logs = [], []
+    try:
+        for rank in range(world):
+            log = open(folder / f"rank{rank}.log", "w+")
+            logs.append(log)
+            procs.append(subprocess.Popen(argv, env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                          stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            failed = any(p.poll() not in (None, 0) for p in procs)
+            if failed or time.monotonic() > deadline:
+                if failed:
+                    time.sleep(1)  # let the others print their side
+                _kill(procs)
+                raise RanksFailed(_report(what, world, logs, procs, "a rank failed" if failed else
+                                          f"timed out after {timeout:.0f} s"))
+            time.sleep(0.05)
+        if any(p.returncode for p in procs):
+            raise RanksFailed(_report(what, world, logs, procs, "a rank failed"))
+    finally:
+        _kill(procs)
+        for log in logs:
+            log.close()
 
 
 def run_ranks(target: str, world: int, args: dict[str, Any] | None = None, timeout: float = 120,
@@ -55,31 +96,18 @@ def run_ranks(target: str, world: int, args: dict[str, Any] | None = None, timeo
         tmp = Path(tmp)
         torch.save(args or {}, tmp / "args.pt")
         code = CHILD.format(tests=str(TESTS), target=target, args=str(tmp / "args.pt"), out=str(tmp / "rank{rank}.pt"))
-        base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
-                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
-        procs, logs = [], []
-        try:
-            for rank in range(world):
-                log = open(tmp / f"rank{rank}.log", "w+")
-                logs.append(log)
-                procs.append(subprocess.Popen([sys.executable, "-c", code], env={**base, "RANK": str(rank)},
-                                              stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True))
-            deadline = time.monotonic() + timeout
-            while any(p.poll() is None for p in procs):
-                failed = any(p.poll() not in (None, 0) for p in procs)
-                if failed or time.monotonic() > deadline:
-                    if failed:
-                        time.sleep(1)  # let the others print their side
-                    _kill(procs)
-                    raise AssertionError(_report(target, world, logs, "timed out" if not failed else "a rank failed"))
-                time.sleep(0.05)
-            if any(p.returncode for p in procs):
-                raise AssertionError(_report(target, world, logs, "a rank failed"))
-            return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
-        finally:
-            _kill(procs)
-            for log in logs:
-                log.close()
+        launch(target, [sys.executable, "-c", code], world, tmp, timeout, env)
+        return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def run_job(job: str, world: int, timeout: float = 150, backend: str = "gloo", env: dict[str, str] | None = None,
+            args: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run ``job`` of tests/comm/_comm_jobs.py on ``world`` ranks; the per-rank records (rank order)."""
+    with tempfile.TemporaryDirectory(prefix="fp4quant-comm-") as tmp:
+        tmp = Path(tmp)
+        argv = [sys.executable, str(COMM_JOBS), job, str(tmp / "rank{rank}.json"), *(args or [])]
+        launch(f"job {job!r}", argv, world, tmp, timeout, {"FP4QUANT_TEST_BACKEND": backend, **(env or {})})
+        return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def _kill(procs) -> None:
@@ -92,9 +120,9 @@ def _kill(procs) -> None:
             p.wait()
 
 
-def _report(target, world, logs, what) -> str:
-    parts = [f"{target} on {world} ranks: {what}"]
+def _report(what, world, logs, procs, why) -> str:
+    parts = [f"{what} on {world} ranks: {why}"]
     for r, log in enumerate(logs):
         log.seek(0)
-        parts.append(f"--- rank {r} ---\n" + log.read()[-3000:])
+        parts.append(f"--- rank {r} (exit {procs[r].returncode}) ---\n" + log.read()[-4000:])
     return "\n".join(parts)

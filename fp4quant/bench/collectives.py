@@ -33,11 +33,11 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from .. import comm
-from ..comm import algorithms, auto, plan
+from ..comm import auto
 from ..format.config import QuantConfig
 from ..ops import backend as codec_backend
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
-from ..train.loop import pin_threads
+from ..threads import pin_threads
 
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [4 * KIB * 4**k for k in range(9)]  # 4 KiB .. 256 MiB
@@ -81,7 +81,7 @@ def series(presets, algorithms, chunked: int | str | None, sweep: list[int]) -> 
 
 def effective_chunk(s: Series, size: int, device: torch.device) -> int | None:
     """Bytes per chunk the series uses at ``size`` (None: one chunk)."""
-    c = plan.default_chunk_bytes(size, device.type) if s.chunk_bytes == "auto" else s.chunk_bytes
+    c = comm.default_chunk_bytes(size, device.type) if s.chunk_bytes == "auto" else s.chunk_bytes
     return c if c and size >= 2 * c else None
 
 
@@ -95,8 +95,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup: int, group=None) -> dict:
-    """Time ``iters`` all-reduces of ``src`` (copied into ``work`` before each)."""
+def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup: int, group=None,
+            validate: bool = False) -> dict:
+    """Time ``iters`` all-reduces of ``src`` (copied into ``work`` before each); ``validate``:
+    each call validated across ranks first (to time what validation costs)."""
     config = None if s.config == "none" else QuantConfig.preset(s.config)
     algorithm = "two_shot" if s.algorithm == "uncompressed" else s.algorithm
 
@@ -105,18 +107,15 @@ def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup
         _sync(work.device)
         dist.barrier(group)
         t = time.perf_counter()
-        comm.all_reduce(work, config, group, algorithm=algorithm, chunk_bytes=s.chunk_bytes, direction="bench")
+        comm.all_reduce(work, config, group, algorithm=algorithm, chunk_bytes=s.chunk_bytes, stats_key="bench",
+                        overlap=s.overlap, validate=validate)
         _sync(work.device)
         return time.perf_counter() - t
 
-    algorithms.OVERLAP = s.overlap
-    try:
-        for _ in range(warmup):
-            once()
-        comm.reset_stats()
-        times = torch.tensor([once() for _ in range(iters)], dtype=torch.float64)
-    finally:
-        algorithms.OVERLAP = True
+    for _ in range(warmup):
+        once()
+    comm.reset_stats()
+    times = torch.tensor([once() for _ in range(iters)], dtype=torch.float64)
     st = comm.stats()["bench"]
     slowest = times.to(work.device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # an iteration lasts as long as its slowest rank
@@ -147,7 +146,7 @@ def summarize(rows: list[dict], chunk_policy: str) -> dict:
     for label, sp in by_label.items():
         if label.startswith("none/"):
             continue
-        summary["crossover_bytes"][label] = auto._stable_threshold([(size, v > 1) for size, v in sp.items()])
+        summary["crossover_bytes"][label] = auto.stable_threshold([(size, v > 1) for size, v in sp.items()])
         summary["win_sizes"][label] = sorted(size for size, v in sp.items() if v > 1)
         if 64 * MIB in sp:
             summary["speedup_at_64MiB"][label] = sp[64 * MIB]
@@ -208,6 +207,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-sweep", type=int, nargs="*", default=[1 * MIB, 4 * MIB, 16 * MIB],
                     help="chunk sizes for fp4quant two-shot, each with and without overlap")
     ap.add_argument("--backend", default=None, help="default: nccl with CUDA, else gloo")
+    ap.add_argument("--validate", action="store_true",
+                    help="validate every collective across ranks (times what validation costs)")
     ap.add_argument("--quick", action="store_true",
                     help="3 small sizes, 2 presets, 2 iterations, 256 KiB sweep (for tests)")
     args = ap.parse_args(argv)
@@ -228,7 +229,7 @@ def main(argv=None) -> int:
     series_list = series(args.presets, args.algorithms, chunked, [] if args.no_chunk_sweep else args.chunk_sweep)
     dtype = getattr(torch, args.dtype)
     prov = provenance(device, backend=backend, world_size=world, sizes=sizes, iters=args.iters,
-                      budget_mib=args.budget_mib, threads_per_rank=torch.get_num_threads(),
+                      budget_mib=args.budget_mib, validate=args.validate, threads_per_rank=torch.get_num_threads(),
                       codec_backend=codec_backend(device), argv=sys.argv[1:] if argv is None else argv)
     common = {"backend": backend, "world_size": world, "dtype": args.dtype, "hardware": prov["hardware"],
               "torch": prov["torch"], "commit": prov["commit"], "codec": prov["codec_backend"]}
@@ -246,7 +247,7 @@ def main(argv=None) -> int:
             if (size, s) not in todo_set:
                 continue
             bar.set_postfix_str(f"{size // KIB} KiB {s.label}")
-            m = measure(s, src, work, iters, warmup)
+            m = measure(s, src, work, iters, warmup, validate=args.validate)
             base = m["latency_s"] if s.config == "none" else base
             rows.append({
                 "study": s.study, "series": s.label, "config": s.config, "algorithm": s.algorithm,

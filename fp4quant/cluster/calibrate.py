@@ -50,7 +50,7 @@ def measure_training_flops(model: str, seq_len: int, batch_size: int, tp: int, t
         # One rank's shard of the model (built for a TP group of `tp`), then run as if alone:
         # at world 1 the mappings send nothing, so this times exactly a rank's compute.
         net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
-        net.comm.world = 1
+        net.tp.world = 1
         ids = torch.randint(0, cfg.vocab_size // tp, (batch_size, seq_len))  # ids within the local vocabulary
         optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
         times = []

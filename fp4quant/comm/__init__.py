@@ -5,18 +5,22 @@
     comm.all_reduce(x, "fp4quant", algorithm="one_shot", op="avg")
     comm.all_gather(out, x, "fp4quant", group=tp_group)         # out: W * x.numel() values
     comm.reduce_scatter(out, x, "fp4quant", group=tp_group)     # x: W * out.numel() values
+    streams = comm.RandomStreams(seed)                          # stochastic rounding: the caller's streams
+    comm.all_reduce(x, sr_config, streams=streams, stats_key="bwd")
     comm.stats(); comm.reset_stats()
 
-``config=None`` or the ``bf16`` preset is the plain uncompressed collective (exactly
-torch's result).  Works on gloo (CPU) and NCCL (CUDA), any world size, any number of
+``config`` is a Wire (exact, cast to bf16, or compressed) or what ``Wire.of`` makes one
+of: ``None`` or the ``bf16`` preset is the plain uncompressed collective (exactly torch's
+result).  Works on gloo (CPU) and NCCL (CUDA), any world size, any number of
 values (empty included), float32 / bfloat16 / float16, contiguous or not; every rank
 ends with bit-identical results; NaN or Inf in a rank's input becomes NaN in the same
 micro-group (with the FWHT: the same FWHT group) on every rank.
 
-Modules: collectives (public API), algorithms (two-shot, one-shot, gather, scatter as
-chunked pipelines), plan (sharding, padding, chunking, random streams), auto (algorithm
-selection from the benchmark's thresholds), validate (argument checks and cross-rank
-validation, FP4QUANT_VALIDATE=1), counters (stats()).  Benchmark:
+Modules: collectives (public API), wire (what crosses the wire), streams (random streams
+of stochastic rounding, owned by the caller), algorithms (the Call and two-shot,
+one-shot, gather, scatter as chunked pipelines), plan (sharding, padding, chunking),
+auto (algorithm selection from the benchmark's thresholds), validate (argument checks
+and cross-rank validation), counters (stats()).  Benchmark:
 ``torchrun --standalone --nproc-per-node 2 -m fp4quant.bench.collectives``.
 """
 
@@ -24,19 +28,26 @@ from __future__ import annotations
 
 from .auto import Thresholds, set_table
 from .collectives import DEFAULT_CHUNK_BYTES, all_gather, all_reduce, reduce_scatter
-from .counters import reset_stats, set_timing, stats
+from .counters import reset_stats, stats
+from .plan import default_chunk_bytes
+from .streams import RandomStreams, derive, mix64
 from .validate import ALGORITHMS, OPS
+from .wire import Wire
 
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_CHUNK_BYTES",
     "OPS",
+    "RandomStreams",
     "Thresholds",
+    "Wire",
     "all_gather",
     "all_reduce",
+    "default_chunk_bytes",
+    "derive",
+    "mix64",
     "reduce_scatter",
     "reset_stats",
     "set_table",
-    "set_timing",
     "stats",
 ]

@@ -7,10 +7,12 @@ one_shot    (all-reduce) quantize_rows(1, N) -> all-gather -> dequantize_reduce(
 gather      (all-gather) quantize_rows(1, n) -> all-gather -> dequantize_rows (W, n)
 scatter     (reduce-scatter) quantize_rows(W, n) -> all_to_all_single -> dequantize_reduce(requantize=False)
 
-Each works chunk by chunk (fp4quant.comm.plan.chunks); with more than one chunk the
-collective of chunk k runs (async_op=True) while the codec works on its neighbours.
-``rec`` (a counters.Recorder) counts the bytes each rank sends: (W-1) of its W messages in
-an all-to-all or an all-gather.
+Each takes its tensors and one ``Call`` (group, world, rank, wire, streams, recorder,
+chunking, overlap), built once per collective by fp4quant.comm.collectives.  Each works
+chunk by chunk (fp4quant.comm.plan.chunks); with more than one chunk the collective of
+chunk k runs (async_op=True) while the codec works on its neighbours.  ``call.rec`` (a
+counters.Recorder) counts the bytes each rank sends: (W-1) of its W messages in an
+all-to-all or an all-gather.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,16 +29,43 @@ import torch.distributed as dist
 from .. import ops
 from . import plan
 from .counters import Recorder
+from .streams import CallStreams
+from .wire import Wire
 
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-# False runs each chunk through all its stages before the next one starts (no overlap):
-# the benchmark's control for what overlap, rather than smaller buffers, buys.
-OVERLAP = True
+
+@dataclass(frozen=True)
+class Call:
+    """Everything one compressed collective needs, resolved once by the caller."""
+
+    group: Any  # the process group (None: the default group)
+    world: int
+    rank: int
+    wire: Wire  # a compressed wire: its config is the codec's
+    streams: CallStreams  # this call's seed and counter offsets on this rank
+    rec: Recorder
+    chunk_values: int | None  # values per pipeline chunk (None: one chunk)
+    overlap: bool = True  # False: each chunk through all stages before the next (the benchmark's control)
+
+    @property
+    def config(self):
+        return self.wire.config
+
+    def issue(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Start an asynchronous collective on the group (None on one rank: nothing to send)."""
+        if self.world == 1:
+            return None
+        with self.rec.comm(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return fn(*args, group=self.group, async_op=True)
+
+    def chunks(self, numel: int, unit: int) -> list[plan.Chunk]:
+        return plan.chunks(numel, unit, self.chunk_values)
 
 
-def _pipeline(items: Sequence[Any], stages: Sequence[Callable[[Any], tuple[Any, Any]]], rec: Recorder) -> None:
+def _pipeline(items: Sequence[Any], stages: Sequence[Callable[[Any], tuple[Any, Any]]], call: Call) -> None:
     """Run each item through ``stages``; a stage returns (state, work or None) and the next
     stage waits for that work.  While item k's collective is in flight, the codec works on
     item k + 1 (stage 0) and on items k - 1, k - 2 (later stages).  The order in which the
@@ -45,13 +75,13 @@ def _pipeline(items: Sequence[Any], stages: Sequence[Callable[[Any], tuple[Any, 
     def advance(i: int) -> None:
         state, work = queues[i - 1].popleft()
         if work is not None:
-            with rec.comm():
+            with call.rec.comm():
                 work.wait()
         result = stages[i](state)
         if i < len(stages) - 1:
             queues[i].append(result)
 
-    depth = 1 if OVERLAP else 0  # items left in flight between stages
+    depth = 1 if call.overlap else 0  # items left in flight between stages
     for item in items:
         queues[0].append(stages[0](item))
         for i in range(1, len(stages)):
@@ -62,51 +92,47 @@ def _pipeline(items: Sequence[Any], stages: Sequence[Callable[[Any], tuple[Any, 
             advance(i)
 
 
-def _issue(rec: Recorder, fn: Callable[..., Any], *args: Any, group: Any, world: int) -> Any:
-    if world == 1:
-        return None
-    with rec.comm(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return fn(*args, group=group, async_op=True)
-
-
-def _quantize_gather(src, config, group, world, streams, rec):
+def _quantize_gather(src: torch.Tensor, call: Call):
     """Stage: quantize a chunk of ``src`` (1-D) as one message and all-gather the messages."""
+    world, rec = call.world, call.rec
 
     def quantize(ch: plan.Chunk):
         with rec.codec():
             rows = src[ch.start : ch.start + ch.numel].view(1, -1)
-            msg = ops.quantize_rows(rows, config, streams.seed, streams.offset(ch.start))
+            msg = ops.quantize_rows(rows, call.config, call.streams.seed, call.streams.offset(ch.start))
         gathered = msg.new_empty(world * msg.numel()) if world > 1 else msg
         rec.bytes_sent += (world - 1) * msg.numel()
-        return (ch, gathered), _issue(rec, all_gather_flat, gathered, msg.view(-1), group=group, world=world)
+        return (ch, gathered), call.issue(all_gather_flat, gathered, msg.view(-1))
 
     return quantize
 
 
-def two_shot(flat, config, group, world, streams, rec, chunk_values) -> None:
-    block, dtype = config.block, flat.dtype
+def two_shot(flat: torch.Tensor, call: Call) -> None:
+    """Compressed all-reduce of the 1-D ``flat``, in place."""
+    world, rec, config, dtype = call.world, call.rec, call.config, flat.dtype
+    seed = call.streams.seed
 
     def quantize(ch: plan.Chunk):
-        S = plan.shard_values(ch.numel, world, block)
+        S = plan.shard_values(ch.numel, world, config.block)
         src = flat[ch.start : ch.start + ch.numel]
         if ch.numel < world * S:
             buf = flat.new_zeros(world * S)
             buf[: ch.numel].copy_(src)
             src = buf
         with rec.codec():
-            msgs = ops.quantize_rows(src.view(world, S), config, streams.seed, streams.offset(ch.start))
+            msgs = ops.quantize_rows(src.view(world, S), config, seed, call.streams.offset(ch.start))
         recv = torch.empty_like(msgs) if world > 1 else msgs
         rec.bytes_sent += (world - 1) * msgs.shape[1]
-        return (ch, S, recv), _issue(rec, dist.all_to_all_single, recv, msgs, group=group, world=world)
+        return (ch, S, recv), call.issue(dist.all_to_all_single, recv, msgs)
 
     def reduce(state):
         ch, S, recv = state
         with rec.codec():
-            shard = ops.dequantize_reduce(recv, S, config, dtype, True, streams.seed, streams.offset(ch.start, True))
+            shard = ops.dequantize_reduce(recv, S, config, dtype, requantize=True, seed=seed,
+                                          offset=call.streams.offset(ch.start, requant=True))
         gathered = shard.new_empty(world * shard.numel()) if world > 1 else shard
         rec.bytes_sent += (world - 1) * shard.numel()
-        return (ch, S, gathered), _issue(rec, all_gather_flat, gathered, shard, group=group, world=world)
+        return (ch, S, gathered), call.issue(all_gather_flat, gathered, shard)
 
     def finish(state):
         ch, S, gathered = state
@@ -116,60 +142,56 @@ def two_shot(flat, config, group, world, streams, rec, chunk_values) -> None:
         flat[ch.start : ch.start + ch.numel].copy_(vals.view(-1)[: ch.numel])
         return None, None
 
-    _pipeline(plan.chunks(flat.numel(), world * block, chunk_values), (quantize, reduce, finish), rec)
+    _pipeline(call.chunks(flat.numel(), world * config.block), (quantize, reduce, finish), call)
 
 
-def one_shot(flat, config, group, world, streams, rec, chunk_values) -> None:
-    dtype = flat.dtype
-
-    quantize = _quantize_gather(flat, config, group, world, streams, rec)
+def one_shot(flat: torch.Tensor, call: Call) -> None:
+    """Compressed all-reduce of the 1-D ``flat``, in place: one quantization error."""
+    world, dtype = call.world, flat.dtype
 
     def finish(state):
         ch, gathered = state
-        with rec.codec():
-            vals = ops.dequantize_reduce(gathered.view(world, -1), ch.numel, config, dtype, False)
+        with call.rec.codec():
+            vals = ops.dequantize_reduce(gathered.view(world, -1), ch.numel, call.config, dtype, requantize=False)
         flat[ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
 
-    _pipeline(plan.chunks(flat.numel(), config.block, chunk_values), (quantize, finish), rec)
+    _pipeline(call.chunks(flat.numel(), call.config.block), (_quantize_gather(flat, call), finish), call)
 
 
-def gather(src, out, config, group, world, streams, rec, chunk_values) -> None:
+def gather(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
     """Compressed all-gather of ``src`` (n,) into ``out`` (world, n), chunked along n."""
-    dtype = out.dtype
-
-    quantize = _quantize_gather(src, config, group, world, streams, rec)
+    world, dtype = call.world, out.dtype
 
     def finish(state):
         ch, gathered = state
-        with rec.codec():
-            vals = ops.dequantize_rows(gathered.view(world, -1), ch.numel, config, dtype)
+        with call.rec.codec():
+            vals = ops.dequantize_rows(gathered.view(world, -1), ch.numel, call.config, dtype)
         out[:, ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
 
-    _pipeline(plan.chunks(src.numel(), config.block, chunk_values), (quantize, finish), rec)
+    _pipeline(call.chunks(src.numel(), call.config.block), (_quantize_gather(src, call), finish), call)
 
 
-def scatter(src, out, config, group, world, streams, rec, chunk_values) -> None:
+def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
     """Compressed reduce-scatter of ``src`` (world, n) into ``out`` (n,), chunked along n.
     Row-batched messages: a chunk starting at value s uses counters from world * s."""
-    dtype = out.dtype
+    world, rec, config, dtype = call.world, call.rec, call.config, out.dtype
 
     def quantize(ch: plan.Chunk):
         rows = src[:, ch.start : ch.start + ch.numel]
         with rec.codec():
-            msgs = ops.quantize_rows(rows.contiguous(), config, streams.seed, streams.offset(world * ch.start))
+            msgs = ops.quantize_rows(rows.contiguous(), config, call.streams.seed,
+                                     call.streams.offset(world * ch.start))
         recv = torch.empty_like(msgs) if world > 1 else msgs
         rec.bytes_sent += (world - 1) * msgs.shape[1]
-        return (ch, recv), _issue(rec, dist.all_to_all_single, recv, msgs, group=group, world=world)
+        return (ch, recv), call.issue(dist.all_to_all_single, recv, msgs)
 
     def finish(state):
         ch, recv = state
         with rec.codec():
-            vals = ops.dequantize_reduce(recv, ch.numel, config, dtype, False)
+            vals = ops.dequantize_reduce(recv, ch.numel, config, dtype, requantize=False)
         out[ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
 
-    _pipeline(plan.chunks(out.numel(), config.block, chunk_values), (quantize, finish), rec)
-
-
+    _pipeline(call.chunks(out.numel(), config.block), (quantize, finish), call)

@@ -69,7 +69,7 @@ def choose(nbytes: int, world: int, backend: str) -> str:
     return "one_shot"
 
 
-def _stable_threshold(sizes_wins: list[tuple[int, bool]]) -> int | None:
+def stable_threshold(sizes_wins: list[tuple[int, bool]]) -> int | None:
     """Smallest size from which every larger measured size is a win; None if the largest is not."""
     threshold = None
     for size, win in sorted(sizes_wins, reverse=True):
@@ -108,5 +108,5 @@ def thresholds_from_rows(
         complete = {s: v for s, v in by_size.items() if {"uncompressed", "one_shot", "two_shot"} <= set(v)}
         compress = [(s, min(v["one_shot"], v["two_shot"]) < v["uncompressed"]) for s, v in complete.items()]
         two_shot = [(s, v["two_shot"] <= v["one_shot"]) for s, v in complete.items()]
-        table[key] = Thresholds(_stable_threshold(compress), _stable_threshold(two_shot))
+        table[key] = Thresholds(stable_threshold(compress), stable_threshold(two_shot))
     return table

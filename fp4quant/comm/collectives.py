@@ -10,6 +10,8 @@ re-quantization of the two-shot happen in the transformed domain (``dequantize_r
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -18,19 +20,16 @@ import torch.distributed as dist
 from ..format.config import QuantConfig
 from . import algorithms, auto, plan
 from . import validate as vd
-from .algorithms import all_gather_flat, reduce_scatter_flat
+from .algorithms import Call, all_gather_flat, reduce_scatter_flat
 from .counters import Recorder
+from .streams import CallStreams, RandomStreams
+from .wire import Wire
 
 # all_reduce pipelines chunks by default (chunk_bytes="auto", see plan.default_chunk_bytes);
 # all_gather and reduce_scatter do not (unmeasured), unless asked.
 DEFAULT_CHUNK_BYTES = "auto"
 
-
-def _group_info(group: dist.ProcessGroup | None) -> tuple[int, int, Any]:
-    """(world size, rank in group (-1: not a member), key of the group's call counter)."""
-    rank = dist.get_rank(group)
-    world = dist.get_world_size(group) if rank >= 0 else 0
-    return world, rank, group if group is not None else dist.group.WORLD
+WireSpec = Wire | QuantConfig | str | None
 
 
 def _backend(group: dist.ProcessGroup | None, device: torch.device) -> str:
@@ -46,41 +45,78 @@ def _ring_bytes(numel: int, itemsize: int, world: int, factor: int) -> int:
     return factor * (world - 1) * numel * itemsize // world
 
 
-def _prepare(name, group, validate_flag, config, local_checks, **fields):
-    """Resolve the group and the config, run the local checks, validate across ranks if asked.
-    Returns (config or None, world, rank, group key); world 0: this rank is not in the group."""
-    world, rank, key = _group_info(group)
-    if world == 0:
-        return None, 0, rank, key
+@dataclass(frozen=True)
+class _Setup:
+    """One collective's resolved arguments: group, wire and options, checked on every rank."""
+
+    group: Any
+    world: int
+    rank: int
+    wire: Wire
+    streams: RandomStreams | None
+    stats_key: str
+    chunk_bytes: int | str | None
+    overlap: bool
+    sync_timing: bool
+
+    def recorder(self, device: torch.device) -> Recorder:
+        return Recorder(self.stats_key, device, self.sync_timing)
+
+    def call(self, rec: Recorder, t: torch.Tensor, numel: int) -> Call:
+        """The Call of a compressed collective of ``numel`` values per shard (draws its streams)."""
+        streams = self.streams.next(self.rank) if self.streams is not None else CallStreams(0, self.rank)
+        chunk = plan.chunk_values(self.chunk_bytes, t.element_size(), numel, t.device)
+        return Call(self.group, self.world, self.rank, self.wire, streams, rec, chunk, self.overlap)
+
+
+def _prepare(name: str, group, spec: WireSpec, checks: Callable[[Wire, int], Any], *, validate: bool,
+             streams: RandomStreams | None, stats_key: str, chunk_bytes, overlap: bool, sync_timing: bool,
+             **fields) -> tuple[_Setup | None, Any]:
+    """Resolve the group and the wire, run the local checks (which return what they resolved),
+    validate across ranks if asked.  (None, None) when this rank is not in the group."""
+    rank = dist.get_rank(group)
+    if rank < 0:
+        return None, None
+    world = dist.get_world_size(group)
     error: Exception | None = None
+    wire: Wire | None = None
+    checked = None
     try:
-        config = vd.resolve_config(config)
-        local_checks(config, world)
+        wire = Wire.of(spec)
+        checked = checks(wire, world)
+        vd.check_chunk_bytes(chunk_bytes)
+        vd.check_streams(wire, streams)
     except (TypeError, ValueError) as exc:
-        error, config = exc, None
-    if vd.enabled(validate_flag):
-        vd.exchange(group, vd.record(name, config, **fields), error)
+        error, wire = exc, None
+    if validate:
+        vd.exchange(group, vd.record(name, None if wire is None else wire.config, **fields, chunk_bytes=chunk_bytes), error)
     elif error is not None:
         raise error
-    return config, world, rank, key
+    assert wire is not None
+    setup = _Setup(group if group is not None else dist.group.WORLD, world, rank, wire, streams, stats_key,
+                   chunk_bytes, overlap, sync_timing)
+    return setup, checked
 
 
 def all_reduce(
     tensor: torch.Tensor,
-    config: QuantConfig | str | None = None,
+    config: WireSpec = None,
     group: dist.ProcessGroup | None = None,
     op: str = "sum",
     *,
     algorithm: str = "two_shot",
     chunk_bytes: int | str | None = DEFAULT_CHUNK_BYTES,
-    validate: bool | None = None,
-    direction: str = "other",
-    seed: int | None = None,
+    validate: bool = False,
+    stats_key: str = "other",
+    streams: RandomStreams | None = None,
+    overlap: bool = True,
+    sync_timing: bool = False,
 ) -> None:
     """All-reduce ``tensor`` in place over ``group``, compressed under ``config``.
 
-    config      a QuantConfig, a preset name, or None; None and the bf16 preset mean a plain
-                ``torch.distributed.all_reduce`` (exactly its result)
+    config      a Wire, a QuantConfig, a preset name, or None; None and the bf16 preset mean a
+                plain ``torch.distributed.all_reduce`` (exactly its result); ``Wire.cast()``
+                sends a wider tensor as bf16 and casts the result back
     op          "sum" or "avg" (or the matching ``dist.ReduceOp``); avg divides the sum by the
                 world size once at the end, in the tensor's dtype
     algorithm   "two_shot" (quantize, all-to-all, FP32 sum of the shard in the transformed
@@ -96,33 +132,46 @@ def all_reduce(
                 For block-local configs (all but nvfp4's per-tensor scale) the result is
                 bit for bit the same whatever the chunking.
     validate    exchange shapes, dtype, config, op and algorithm first and raise the same
-                ValueError on every rank on a mismatch (default: env FP4QUANT_VALIDATE)
-    direction   the stats() key the call is counted under ("fwd", "bwd", ...)
-    seed        base seed of stochastic rounding (see fp4quant.comm.plan); None: 0
+                ValueError on every rank on a mismatch (one all_gather_object per call)
+    stats_key   the stats() key the call is counted under ("fwd", "bwd", ...)
+    streams     the caller's RandomStreams (fp4quant.comm.streams): a compressed call draws
+                the next stream from it; needed with stochastic rounding
+    overlap     False: each pipeline chunk through all its stages before the next (the
+                benchmark's control for what overlap buys)
+    sync_timing on CUDA, synchronize around timed steps so stats() holds GPU durations
 
     World size 1 still runs the codec, so the error is that of any world size.
     """
-    op_name = None
 
-    def checks(cfg: QuantConfig | None, world: int) -> None:
-        nonlocal op_name
-        vd.check_tensor(tensor, "tensor", cfg is not None)
-        op_name = vd.resolve_op(op)
+    def checks(wire: Wire, world: int) -> str:
+        vd.check_tensor(tensor, "tensor", wire.kind == "compressed")
         vd.check_algorithm(algorithm)
-        vd.check_chunk_bytes(chunk_bytes)
+        return vd.resolve_op(op)
 
-    config, world, rank, key = _prepare(
-        "all_reduce", group, validate, config, checks,
-        tensor=tensor, op=str(op), algorithm=algorithm, chunk_bytes=chunk_bytes,
+    setup, op_name = _prepare(
+        "all_reduce", group, config, checks, validate=validate, streams=streams, stats_key=stats_key,
+        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing,
+        tensor=tensor, op=str(op), algorithm=algorithm,
     )
-    if world == 0:
+    if setup is None:
         return
-    rec = Recorder(direction, tensor.device)
+    if setup.wire.narrows(tensor.dtype):
+        with torch.no_grad():
+            narrow = tensor.to(setup.wire.dtype)
+            _all_reduce(narrow, replace(setup, wire=Wire.exact()), op_name, algorithm)
+            tensor.copy_(narrow)
+        return
+    _all_reduce(tensor, setup, op_name, algorithm)
+
+
+def _all_reduce(tensor: torch.Tensor, setup: _Setup, op_name: str, algorithm: str) -> None:
+    world = setup.world
+    rec = setup.recorder(tensor.device)
     n, itemsize = tensor.numel(), tensor.element_size()
     rec.bytes_uncompressed = _ring_bytes(n, itemsize, world, 2)
-    algo = "uncompressed" if config is None else algorithm
+    algo = algorithm if setup.wire.kind == "compressed" else "uncompressed"
     if algo == "auto":
-        algo = auto.choose(n * itemsize, world, _backend(group, tensor.device))
+        algo = auto.choose(n * itemsize, world, _backend(setup.group, tensor.device))
     if n == 0:
         rec.commit()
         return
@@ -132,11 +181,10 @@ def all_reduce(
         if algo == "uncompressed":
             rec.bytes_sent = rec.bytes_uncompressed
             with rec.comm():
-                dist.all_reduce(flat, group=group)
+                dist.all_reduce(flat, group=setup.group)
         else:
-            streams = plan.streams(key, rank, seed)
             run = algorithms.two_shot if algo == "two_shot" else algorithms.one_shot
-            run(flat, config, group, world, streams, rec, plan.chunk_values(chunk_bytes, itemsize, n, tensor.device))
+            run(flat, setup.call(rec, tensor, n))
         if op_name == "avg":
             flat.div_(world)
         if work is not tensor:
@@ -144,11 +192,10 @@ def all_reduce(
     rec.commit()
 
 
-def _check_pair(input, output, cfg, chunk_bytes, *, big, small, world) -> None:
+def _check_pair(input, output, wire: Wire, *, big, small, world) -> None:
     """Checks of an all-gather / reduce-scatter: ``big`` holds world x ``small`` values."""
-    vd.check_tensor(input, "input", cfg is not None)
-    vd.check_tensor(output, "output", cfg is not None)
-    vd.check_chunk_bytes(chunk_bytes)
+    vd.check_tensor(input, "input", wire.kind == "compressed")
+    vd.check_tensor(output, "output", wire.kind == "compressed")
     if output.dtype != input.dtype:
         raise TypeError(f"output dtype {output.dtype} differs from input dtype {input.dtype}")
     if big.numel() != world * small.numel():
@@ -156,12 +203,18 @@ def _check_pair(input, output, cfg, chunk_bytes, *, big, small, world) -> None:
         raise ValueError(f"{name} has {big.numel()} values, expected world size {world} x {small.numel()}")
 
 
-def _gather_or_scatter(input, output, n, config, group, world, rank, key, direction, seed, chunk_bytes,
-                       uncompressed, compressed, divide_by) -> None:
-    """The shared body of all_gather and reduce_scatter (n: values per rank's shard)."""
-    rec = Recorder(direction, input.device)
-    itemsize = input.element_size()
-    rec.bytes_uncompressed = (world - 1) * n * itemsize
+def _shard_collective(input: torch.Tensor, output: torch.Tensor, setup: _Setup, gathers: bool, divide: bool) -> None:
+    """The body of all_gather (``gathers``) and reduce_scatter; a cast wire narrows both tensors."""
+    if setup.wire.narrows(input.dtype):
+        with torch.no_grad():
+            narrow = torch.empty_like(output, dtype=setup.wire.dtype)  # write-only
+            _shard_collective(input.to(setup.wire.dtype), narrow, replace(setup, wire=Wire.exact()), gathers, divide)
+            output.copy_(narrow)
+        return
+    world = setup.world
+    n = input.numel() if gathers else output.numel()  # values of one rank's shard
+    rec = setup.recorder(input.device)
+    rec.bytes_uncompressed = (world - 1) * n * input.element_size()
     if n == 0:
         rec.commit()
         return
@@ -169,88 +222,90 @@ def _gather_or_scatter(input, output, n, config, group, world, rank, key, direct
         src = input.reshape(-1).contiguous()
         work = output if output.is_contiguous() else output.contiguous()
         flat = work.view(-1)
-        if config is None:
+        if setup.wire.kind != "compressed":
             rec.bytes_sent = rec.bytes_uncompressed
-            with rec.comm(), warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                uncompressed(flat, src, group=group)
+            with rec.comm():
+                plain = all_gather_flat if gathers else reduce_scatter_flat
+                _quiet(plain, flat, src, group=setup.group)
+        elif gathers:
+            algorithms.gather(src, flat.view(world, n), setup.call(rec, input, n))
         else:
-            streams = plan.streams(key, rank, seed)
-            compressed(src, flat, streams, rec, plan.chunk_values(chunk_bytes, itemsize, n, input.device))
-        if divide_by != 1:
-            flat.div_(divide_by)
+            algorithms.scatter(src.view(world, n), flat, setup.call(rec, input, n))
+        if divide:
+            flat.div_(world)
         if work is not output:
             output.copy_(work)
     rec.commit()
 
 
+def _quiet(fn, *args, **kwargs):
+    """A torch collective without the FutureWarning of its deprecated spelling."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return fn(*args, **kwargs)
+
+
 def all_gather(
     output: torch.Tensor,
     input: torch.Tensor,
-    config: QuantConfig | str | None = None,
+    config: WireSpec = None,
     group: dist.ProcessGroup | None = None,
     *,
     chunk_bytes: int | str | None = None,
-    validate: bool | None = None,
-    direction: str = "other",
-    seed: int | None = None,
+    validate: bool = False,
+    stats_key: str = "other",
+    streams: RandomStreams | None = None,
+    overlap: bool = True,
+    sync_timing: bool = False,
 ) -> None:
     """Gather every rank's ``input`` into ``output`` (W * input.numel() values, rank order),
     like ``torch.distributed.all_gather_into_tensor``; each input crosses the wire as one
-    compressed message, and every rank (the sender too) decodes the same bytes.
-    ``chunk_bytes`` (None, "auto" or bytes of input per chunk), ``validate``, ``direction``
-    and ``seed`` as in all_reduce; chunking is off by default here (not benchmarked)."""
+    compressed message, and every rank (the sender too) decodes the same bytes.  The other
+    arguments as in all_reduce; chunking is off by default here (not benchmarked)."""
 
-    def checks(cfg: QuantConfig | None, world: int) -> None:
-        _check_pair(input, output, cfg, chunk_bytes, big=output, small=input, world=world)
+    def checks(wire: Wire, world: int) -> None:
+        _check_pair(input, output, wire, big=output, small=input, world=world)
 
-    config, world, rank, key = _prepare(
-        "all_gather", group, validate, config, checks, input=input, output=output, chunk_bytes=chunk_bytes
+    setup, _ = _prepare(
+        "all_gather", group, config, checks, validate=validate, streams=streams, stats_key=stats_key,
+        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing,
+        input=input, output=output,
     )
-    if world == 0:
-        return
-    def compressed(src, flat, streams, rec, chunk):
-        algorithms.gather(src, flat.view(world, src.numel()), config, group, world, streams, rec, chunk)
-
-    _gather_or_scatter(input, output, input.numel(), config, group, world, rank, key, direction, seed, chunk_bytes,
-                       all_gather_flat, compressed, divide_by=1)
+    if setup is not None:
+        _shard_collective(input, output, setup, gathers=True, divide=False)
 
 
 def reduce_scatter(
     output: torch.Tensor,
     input: torch.Tensor,
-    config: QuantConfig | str | None = None,
+    config: WireSpec = None,
     group: dist.ProcessGroup | None = None,
     op: str = "sum",
     *,
     chunk_bytes: int | str | None = None,
-    validate: bool | None = None,
-    direction: str = "other",
-    seed: int | None = None,
+    validate: bool = False,
+    stats_key: str = "other",
+    streams: RandomStreams | None = None,
+    overlap: bool = True,
+    sync_timing: bool = False,
 ) -> None:
     """Reduce ``input`` (W * output.numel() values) over ``group`` and keep shard r (values
     r * n .. (r + 1) * n - 1) on rank r, like ``torch.distributed.reduce_scatter_tensor``.
 
     Compressed: each shard-row of the input is one message (the codec pads it to its
     block), all-to-all, then ``dequantize_reduce`` sums the W messages in FP32 in the
-    transformed domain and decodes them once (one quantization error).  ``op``,
-    ``chunk_bytes`` (off by default: not benchmarked), ``validate``, ``direction`` and
-    ``seed`` as in all_reduce."""
-    op_name = None
+    transformed domain and decodes them once (one quantization error).  The other
+    arguments as in all_reduce; chunking is off by default here (not benchmarked)."""
 
-    def checks(cfg: QuantConfig | None, world: int) -> None:
-        nonlocal op_name
+    def checks(wire: Wire, world: int) -> str:
         op_name = vd.resolve_op(op)
-        _check_pair(input, output, cfg, chunk_bytes, big=input, small=output, world=world)
+        _check_pair(input, output, wire, big=input, small=output, world=world)
+        return op_name
 
-    config, world, rank, key = _prepare(
-        "reduce_scatter", group, validate, config, checks,
-        input=input, output=output, op=str(op), chunk_bytes=chunk_bytes,
+    setup, op_name = _prepare(
+        "reduce_scatter", group, config, checks, validate=validate, streams=streams, stats_key=stats_key,
+        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing,
+        input=input, output=output, op=str(op),
     )
-    if world == 0:
-        return
-    def compressed(src, flat, streams, rec, chunk):
-        algorithms.scatter(src.view(world, flat.numel()), flat, config, group, world, streams, rec, chunk)
-
-    _gather_or_scatter(input, output, output.numel(), config, group, world, rank, key, direction, seed, chunk_bytes,
-                       reduce_scatter_flat, compressed, divide_by=world if op_name == "avg" else 1)
+    if setup is not None:
+        _shard_collective(input, output, setup, gathers=False, divide=op_name == "avg")

@@ -1,7 +1,7 @@
 """Counters of the compressed collectives: bytes on the wire, calls, codec and communication time.
 
-``stats()`` returns a plain dict ``{direction: {field: value}}``; the trainer logs it,
-``reset_stats()`` clears it.  Fields, per direction (``"fwd"``, ``"bwd"``, ``"other"``...):
+``stats()`` returns a plain dict ``{stats_key: {field: value}}``; the trainer logs it,
+``reset_stats()`` clears it.  Fields, per key (``"fwd"``, ``"bwd"``, ``"other"``...):
 
 calls               collective calls (every call, compressed or not, empty ones included)
 bytes_sent          bytes this rank pushed on the wire, counted per algorithm as an ideal
@@ -19,17 +19,19 @@ comm_s              seconds in the collectives: issuing them, and waiting for th
 total_s             seconds of the whole call (includes padding and copies)
 
 Time is host wall-clock (``time.perf_counter``).  On CPU the ops are synchronous, so it
-is what each step costs.  On CUDA the ops are asynchronous: without
-``FP4QUANT_COMM_TIMING=1`` (or ``set_timing(True)``) the times are the host time to
-launch the kernels and collectives, not their GPU duration; with it, every timed step
-ends with a ``torch.cuda.synchronize()`` (exact, but it serializes the pipeline).  The
-fast path never synchronizes.
+is what each step costs.  On CUDA the ops are asynchronous: without ``sync_timing=True``
+(a field of the caller's options) the times are the host time to launch the kernels and
+collectives, not their GPU duration; with it, every timed step ends with a
+``torch.cuda.synchronize()`` (exact, but it serializes the pipeline).  The fast path
+never synchronizes.
+
+The totals are process-wide, keyed by the ``stats_key`` each call names (a
+TPCommunicator maps its directions to "fwd" and "bwd"); nothing else is shared.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -45,11 +47,10 @@ def _new() -> dict[str, float]:
 
 
 _STATS: defaultdict[str, dict[str, float]] = defaultdict(_new)
-_TIMING = {"sync": os.environ.get("FP4QUANT_COMM_TIMING", "") not in ("", "0")}
 
 
 def stats() -> dict[str, dict[str, Any]]:
-    """A copy of the counters: ``{direction: {calls, bytes_sent, bytes_uncompressed,
+    """A copy of the counters: ``{stats_key: {calls, bytes_sent, bytes_uncompressed,
     quantize_s, comm_s, total_s}}`` (see the module doc for what each counts)."""
     return copy.deepcopy(dict(_STATS))
 
@@ -59,19 +60,14 @@ def reset_stats() -> None:
     _STATS.clear()
 
 
-def set_timing(sync: bool) -> None:
-    """On CUDA, synchronize around timed steps so that the times are GPU durations."""
-    _TIMING["sync"] = bool(sync)
-
-
 class Recorder:
-    """Accumulates one call's counters; ``commit()`` adds them to the direction's totals."""
+    """Accumulates one call's counters; ``commit()`` adds them to the totals of ``key``."""
 
-    __slots__ = ("direction", "cuda", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "start")
+    __slots__ = ("key", "cuda", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "start")
 
-    def __init__(self, direction: str, device: torch.device) -> None:
-        self.direction = direction
-        self.cuda = device.type == "cuda" and _TIMING["sync"]
+    def __init__(self, key: str, device: torch.device, sync_timing: bool = False) -> None:
+        self.key = key
+        self.cuda = device.type == "cuda" and sync_timing
         self.bytes_sent = 0
         self.bytes_uncompressed = 0
         self.quantize_s = 0.0
@@ -96,7 +92,7 @@ class Recorder:
         self.comm_s += self._now() - t
 
     def commit(self) -> None:
-        s = _STATS[self.direction]
+        s = _STATS[self.key]
         s["calls"] += 1
         s["bytes_sent"] += int(self.bytes_sent)
         s["bytes_uncompressed"] += int(self.bytes_uncompressed)

@@ -1,4 +1,4 @@
-"""Sharding, padding and chunking of a collective, and the random streams of its codec calls.
+"""Sharding, padding and chunking of a collective (the random streams: fp4quant.comm.streams).
 
 Two-shot all-reduce of N values over W ranks: the flattened tensor is zero-padded to
 W * S values and viewed as (W, S); row r is the shard that rank r reduces.  S is a
@@ -12,29 +12,11 @@ Chunking: a long tensor is cut into chunks of ``chunk_values`` values (rounded d
 multiple of the algorithm's unit: W * block for two-shot, block for one-shot and per
 row for the others; at least one unit); each chunk is an independent collective, so
 chunk k + 1 can be quantized while chunk k is on the wire.
-
-Random streams (stochastic rounding only; with round-to-nearest they are unused): a
-collective call on a process group gets ``seed = mix64(base, n)`` where ``n`` counts the
-compressed calls this process made on that group (the same on every rank of the group,
-which calls its collectives in the same order) and ``base`` is 0 or the caller's
-``seed``; so streams differ across calls, and a rerun reproduces them.  The counter
-``offset`` of rank r is ``r << 48``, plus ``1 << 47`` for the re-quantization of the
-two-shot's reduced shard, plus the chunk's first value; within a message the codec
-adds ``row * padded + i``.  Streams therefore differ across ranks, phases and chunks as
-long as a tensor has fewer than 2**47 values.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
-from typing import Any
-
-RANK_SHIFT = 48
-REQUANT_BIT = 1 << 47
-MASK64 = (1 << 64) - 1
-
-_CALLS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def shard_values(numel: int, world: int, block: int) -> int:
@@ -47,6 +29,8 @@ def shard_values(numel: int, world: int, block: int) -> int:
 
 @dataclass(frozen=True)
 class Chunk:
+    """A pipeline slice of a collective (not the kernels' 8-value groups)."""
+
     start: int  # first value of the chunk in the flattened tensor (or row)
     numel: int  # values of the chunk
 
@@ -93,38 +77,3 @@ def chunk_values(chunk_bytes: int | str | None, itemsize: int, numel: int = 0, d
     if chunk_bytes == "auto":
         chunk_bytes = default_chunk_bytes(numel * itemsize, getattr(device, "type", "cpu"))
     return None if chunk_bytes is None else max(1, chunk_bytes // itemsize)
-
-
-def mix64(x: int) -> int:
-    """splitmix64's finalizer: a bijection of 64-bit words."""
-    x &= MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
-
-@dataclass(frozen=True)
-class Streams:
-    """Seed and counter offsets of one collective call on one rank."""
-
-    seed: int
-    rank: int
-
-    def offset(self, start: int, requant: bool = False) -> int:
-        return (self.rank << RANK_SHIFT) + (REQUANT_BIT if requant else 0) + start
-
-
-def streams(group_key: Any, rank: int, base_seed: int | None) -> Streams:
-    """The streams of the next compressed call on ``group_key`` (advances its counter)."""
-    if not 0 <= rank < 1 << (64 - RANK_SHIFT - 1):
-        raise ValueError(f"rank {rank} too large for the stochastic-rounding counter layout")
-    n = _CALLS.get(group_key, 0)
-    _CALLS[group_key] = n + 1
-    base = 0 if base_seed is None else base_seed
-    return Streams(mix64(base ^ mix64(n + 0x9E3779B97F4A7C15)), rank)
-
-
-def reset_streams() -> None:
-    """Restart the call counters of every process group.  A trainer does it at each step (with
-    a per-step base seed) so that a resumed run replays exactly the streams it would have had."""
-    _CALLS.clear()

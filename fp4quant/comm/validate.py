@@ -1,8 +1,8 @@
 """Argument checks of the collectives, and the optional cross-rank validation.
 
-Local checks (a non-float tensor, a bad ``op`` or ``algorithm``, inconsistent shapes)
-raise before any communication.  With validation on (``validate=True`` or the
-environment variable ``FP4QUANT_VALIDATE=1``) the ranks first exchange a small record
+Local checks (a non-float tensor, a bad ``op`` or ``algorithm``, inconsistent shapes,
+stochastic rounding without the caller's random streams) raise before any
+communication.  With validation on (``validate=True``) the ranks first exchange a small record
 (collective, shapes, dtype, device type, config, op, algorithm, chunking, and any local
 argument error) with ``all_gather_object``; then every rank raises the same
 ``ValueError`` naming the first rank (in group order) that differs from rank 0 and the
@@ -14,32 +14,25 @@ collective.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..format.config import QuantConfig, as_config
+from ..format.config import QuantConfig
 from ..format.packed import FLOAT_DTYPES
+from .streams import RandomStreams
+from .wire import Wire
 
 OPS = ("sum", "avg")
-ALGORITHMS = ("two_shot", "one_shot", "auto")
-_TRUE = ("1", "true", "yes", "on")
+ALGORITHMS = ("two_shot", "one_shot", "auto")  # the one list: the trainer, the schema and the workflow read it
 
 
-def enabled(validate: bool | None) -> bool:
-    if validate is not None:
-        return bool(validate)
-    return os.environ.get("FP4QUANT_VALIDATE", "").strip().lower() in _TRUE
-
-
-def resolve_config(config: QuantConfig | str | None) -> QuantConfig | None:
-    """None for an uncompressed collective (None or the bf16 preset), else the config."""
-    if config is None:
-        return None
-    config = as_config(config)
-    return config if config.compressed else None
+def check_streams(wire: Wire, streams: RandomStreams | None) -> None:
+    if streams is not None and not isinstance(streams, RandomStreams):
+        raise TypeError(f"streams must be a fp4quant.comm.RandomStreams, got {type(streams).__name__}")
+    if streams is None and wire.kind == "compressed" and wire.config.rounding == "stochastic":
+        raise ValueError("stochastic rounding needs the caller's random streams: pass streams=RandomStreams(seed)")
 
 
 def resolve_op(op: Any) -> str:

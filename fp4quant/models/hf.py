@@ -29,14 +29,14 @@ def shard_plan(model: Qwen2ForCausalLM):
     for name, module in model.named_modules():
         if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
             n = module.out_local if isinstance(module, ColumnParallelLinear) else module.vocab_local
-            r = module.comm.rank
+            r = module.tp.rank
             for pname, p in module.named_parameters(recurse=False):
                 if id(p) in seen:
                     continue  # tied lm_head
                 seen.add(id(p))
                 plan.append((p, f"{name}.{pname}", ("rows", r * n, (r + 1) * n)))
         elif isinstance(module, RowParallelLinear):
-            n, r = module.in_local, module.comm.rank
+            n, r = module.in_local, module.tp.rank
             plan.append((module.weight, f"{name}.weight", ("cols", r * n, (r + 1) * n)))
             if module.bias is not None:
                 plan.append((module.bias, f"{name}.bias", ("all",)))
@@ -107,7 +107,7 @@ def load_safetensors(model: Qwen2ForCausalLM, folder: str | Path) -> None:
         handles.clear()
 
 
-def from_pretrained(folder: str | Path, comm: TPCommunicator, sequence_parallel: bool = False,
+def from_pretrained(folder: str | Path, tp: TPCommunicator, sequence_parallel: bool = False,
                     activation_checkpointing: bool = False, device=None, dtype=None) -> Qwen2ForCausalLM:
     """Build the model a Hugging Face folder describes (config.json) and load its weights."""
     folder = Path(folder)
@@ -115,7 +115,7 @@ def from_pretrained(folder: str | Path, comm: TPCommunicator, sequence_parallel:
     if not config_path.exists():
         raise FileNotFoundError(f"no config.json in {folder}: not a Hugging Face model folder")
     cfg = ModelConfig.from_hf(json.loads(config_path.read_text()))
-    model = Qwen2ForCausalLM(cfg, comm, sequence_parallel, activation_checkpointing, device=device, dtype=dtype)
+    model = Qwen2ForCausalLM(cfg, tp, sequence_parallel, activation_checkpointing, device=device, dtype=dtype)
     load_safetensors(model, folder)
     return model
 

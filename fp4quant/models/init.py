@@ -24,7 +24,7 @@ def _seed(seed: int, name: str) -> int:
 
 @torch.no_grad()
 def initialize(model: Qwen2ForCausalLM, seed: int) -> None:
-    world = model.comm.world
+    world = model.tp.world
     for p, name, cut in shard_plan(model):
         shape = full_shape(p, cut, world)
         if name.endswith("norm.weight"):

@@ -59,21 +59,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, comm: TPCommunicator, sp: bool, device=None, dtype=None):
+    def __init__(self, cfg: ModelConfig, tp: TPCommunicator, sp: bool, device=None, dtype=None):
         super().__init__()
-        self.comm, self.sp, self.cfg = comm, sp, cfg
+        self.tp, self.sp, self.cfg = tp, sp, cfg
         d, kv = cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        mapped = dict(comm=comm, bias=True, sequence_parallel=sp, input_is_mapped=True, device=device, dtype=dtype)
+        mapped = dict(tp=tp, bias=True, sequence_parallel=sp, input_is_mapped=True, device=device, dtype=dtype)
         self.q_proj = ColumnParallelLinear(cfg.hidden_size, cfg.num_heads * d, **mapped)
         self.k_proj = ColumnParallelLinear(cfg.hidden_size, kv, **mapped)
         self.v_proj = ColumnParallelLinear(cfg.hidden_size, kv, **mapped)
-        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, comm, bias=False, sequence_parallel=sp,
+        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, tp, bias=False, sequence_parallel=sp,
                                         device=device, dtype=dtype)
-        self.heads = cfg.num_heads // comm.world
-        self.kv_heads = cfg.num_kv_heads // comm.world
+        self.heads = cfg.num_heads // tp.world
+        self.kv_heads = cfg.num_kv_heads // tp.world
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = column_input(x, self.comm, self.sp)  # (T, B, H): once for q, k and v
+        x = column_input(x, self.tp, self.sp)  # (T, B, H): once for q, k and v
         T, B, _ = x.shape
         d = self.cfg.head_dim
         q = self.q_proj(x).view(T, B, self.heads, d).permute(1, 2, 0, 3)
@@ -88,27 +88,27 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, comm: TPCommunicator, sp: bool, device=None, dtype=None):
+    def __init__(self, cfg: ModelConfig, tp: TPCommunicator, sp: bool, device=None, dtype=None):
         super().__init__()
-        self.comm, self.sp = comm, sp
-        mapped = dict(comm=comm, bias=False, sequence_parallel=sp, input_is_mapped=True, device=device, dtype=dtype)
+        self.tp, self.sp = tp, sp
+        mapped = dict(tp=tp, bias=False, sequence_parallel=sp, input_is_mapped=True, device=device, dtype=dtype)
         self.gate_proj = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, **mapped)
         self.up_proj = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, **mapped)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, comm, bias=False,
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, tp, bias=False,
                                            sequence_parallel=sp, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = column_input(x, self.comm, self.sp)
+        x = column_input(x, self.tp, self.sp)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, comm: TPCommunicator, sp: bool, device=None, dtype=None):
+    def __init__(self, cfg: ModelConfig, tp: TPCommunicator, sp: bool, device=None, dtype=None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
-        self.self_attn = Attention(cfg, comm, sp, device, dtype)
+        self.self_attn = Attention(cfg, tp, sp, device, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
-        self.mlp = MLP(cfg, comm, sp, device, dtype)
+        self.mlp = MLP(cfg, tp, sp, device, dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
@@ -116,10 +116,10 @@ class DecoderLayer(nn.Module):
 
 
 class Qwen2Model(nn.Module):
-    def __init__(self, cfg: ModelConfig, comm: TPCommunicator, sp: bool, device=None, dtype=None):
+    def __init__(self, cfg: ModelConfig, tp: TPCommunicator, sp: bool, device=None, dtype=None):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, comm, sp, device, dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, comm, sp, device, dtype) for _ in range(cfg.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, sp, device, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, tp, sp, device, dtype) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
 
 
@@ -127,14 +127,14 @@ class Qwen2ForCausalLM(nn.Module):
     """``forward(ids)`` gives this rank's vocabulary slice of the logits, (B, T, vocab / tp);
     ``loss(ids, labels)`` the mean next-token cross entropy over the whole vocabulary."""
 
-    def __init__(self, cfg: ModelConfig, comm: TPCommunicator, sequence_parallel: bool = False,
+    def __init__(self, cfg: ModelConfig, tp: TPCommunicator, sequence_parallel: bool = False,
                  activation_checkpointing: bool = False, device=None, dtype=None):
         super().__init__()
-        cfg.check_tp(comm.world)
-        self.cfg, self.comm, self.sp = cfg, comm, sequence_parallel and comm.world > 1
+        cfg.check_tp(tp.world)
+        self.cfg, self.tp, self.sp = cfg, tp, sequence_parallel and tp.world > 1
         self.activation_checkpointing = activation_checkpointing
-        self.model = Qwen2Model(cfg, comm, self.sp, device, dtype)
-        self.lm_head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, comm, bias=False,
+        self.model = Qwen2Model(cfg, tp, self.sp, device, dtype)
+        self.lm_head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, tp, bias=False,
                                             sequence_parallel=self.sp, device=device, dtype=dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # both split over the vocabulary alike
@@ -145,8 +145,8 @@ class Qwen2ForCausalLM(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         B, T = ids.shape
-        if self.sp and T % self.comm.world:
-            raise ValueError(f"sequence parallelism needs the sequence length ({T}) divisible by TP ({self.comm.world})")
+        if self.sp and T % self.tp.world:
+            raise ValueError(f"sequence parallelism needs the sequence length ({T}) divisible by TP ({self.tp.world})")
         if T > self.cfg.max_position:
             raise ValueError(f"sequence length {T} exceeds the model's max_position {self.cfg.max_position}")
         x = self.model.embed_tokens(ids.t())  # (T or T/tp, B, H)
@@ -160,7 +160,7 @@ class Qwen2ForCausalLM(nn.Module):
         return self.lm_head(x).transpose(0, 1)  # (B, T, vocab / tp)
 
     def loss(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(self(ids), labels, self.comm, self.vocab_start)
+        return vocab_parallel_cross_entropy(self(ids), labels, self.tp, self.vocab_start)
 
     def replicated_parameters(self) -> list[nn.Parameter]:
         """Parameters every TP rank holds whole (norms, row-parallel biases): their gradients

@@ -17,7 +17,7 @@ from ..reference import codec as reference
 from . import _native
 from .codes import signed64, to_codes
 
-__all__ = ["backend", "dequantize", "dequantize_reduce", "dequantize_rows", "quantize", "quantize_rows"]
+__all__ = ["backend", "dequantize", "dequantize_reduce", "dequantize_rows", "extension", "quantize", "quantize_rows"]
 
 _SIGNS: dict[tuple[int, int, str], torch.Tensor] = {}
 
@@ -25,6 +25,11 @@ _SIGNS: dict[tuple[int, int, str], torch.Tensor] = {}
 def backend(device: torch.device | str = "cpu") -> str:
     """"native" or "reference": what runs the ops for tensors on ``device``."""
     return "native" if _native.has_native(torch.device(device)) else "reference"
+
+
+def extension() -> tuple[object | None, dict, str | None]:
+    """The native extension: (its module or None, its build record, why it is not in use or None)."""
+    return _native.module, _native.build_info, _native.unavailable_reason
 
 
 def _signs(config: QuantConfig, device: torch.device) -> torch.Tensor | None:

@@ -2,13 +2,14 @@
 
 mesh          the world as DP x TP process groups
 communicator  TPCommunicator: owns both directions of TP traffic (forward activations,
-              backward input gradients), each compressed or not with its own config
+              backward input gradients), each resolved once to a Route (the wire it
+              sends, its stats key), and the random streams of its compressed calls
 mappings      the conjugate autograd functions (copy/reduce, gather/scatter)
 layers        ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
               vocab_parallel_cross_entropy
 """
 
-from .communicator import CommConfig, TPCommunicator
+from .communicator import CommConfig, Route, TPCommunicator
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .mesh import ParallelMesh, init_mesh
 
@@ -16,6 +17,7 @@ __all__ = [
     "ColumnParallelLinear",
     "CommConfig",
     "ParallelMesh",
+    "Route",
     "RowParallelLinear",
     "TPCommunicator",
     "VocabParallelEmbedding",

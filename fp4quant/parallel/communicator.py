@@ -3,42 +3,51 @@
 It owns both directions: the forward all-reduce of activations after row-parallel
 layers ("fwd") and the backward all-reduce of input gradients before column-parallel
 layers ("bwd") -- and, with sequence parallelism, the all-gathers and reduce-scatters
-that replace them.  Each direction is compressed or not on its own, with its own
-QuantConfig (stochastic rounding suits gradients), and is counted under its own key in
-fp4quant.comm.stats().
+that replace them.  Each direction is resolved once, when the communicator is built, to
+a ``Route``: the wire it sends (fp4quant.comm.Wire: exact, cast to bf16, or compressed
+under its own QuantConfig -- stochastic rounding suits gradients) and the stats key it
+is counted under in fp4quant.comm.stats().
 
-A direction's config is one of: None (exact: the tensor's own dtype, as PyTorch sends
-it); the ``bf16`` preset (BF16 on the wire -- what a BF16 training run sends -- so a
-float32 tensor is cast for the collective and back); or a compressed preset.
+A direction's config in CommConfig is one of: None (exact: the tensor's own dtype, as
+PyTorch sends it); the ``bf16`` preset (BF16 on the wire -- what a BF16 training run
+sends -- so a float32 tensor is cast for the collective and back); or a compressed
+preset.
+
+The communicator owns the random streams of its compressed calls (a RandomStreams of
+``CommConfig.seed``); a trainer keys them by step with ``start_step``, so a resumed run
+replays them exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from .. import comm
+from ..comm import DEFAULT_CHUNK_BYTES, RandomStreams, Wire, all_gather, all_reduce, reduce_scatter
 from ..format.config import QuantConfig
 
 COMPRESS_CHOICES = ("none", "fwd", "bwd", "both")
+DIRECTIONS = ("fwd", "bwd")
 
 
 @dataclass(frozen=True)
 class CommConfig:
     """How TP traffic is sent.  ``fwd`` / ``bwd``: the QuantConfig of each direction, or None
-    for uncompressed; ``algorithm``, ``chunk_bytes`` and ``validate`` as in
-    fp4quant.comm.all_reduce (validate None: the FP4QUANT_VALIDATE environment variable;
-    True costs one all_gather_object per collective, so the trainer sets it for one step)."""
+    for exact; ``algorithm``, ``chunk_bytes``, ``overlap`` and ``sync_timing`` as in
+    fp4quant.comm.all_reduce; ``seed``: the base seed of the communicator's random streams;
+    ``validate``: validate every collective across ranks (one all_gather_object each; a
+    trainer validates its first step whatever this says)."""
 
     fwd: QuantConfig | None = None
     bwd: QuantConfig | None = None
     algorithm: str = "two_shot"
-    chunk_bytes: int | None = comm.DEFAULT_CHUNK_BYTES
+    chunk_bytes: int | str | None = DEFAULT_CHUNK_BYTES
     seed: int = 0
-    validate: bool | None = None
-    extra: dict = field(default_factory=dict, compare=False)
+    validate: bool = False
+    overlap: bool = True
+    sync_timing: bool = False
 
     @classmethod
     def from_preset(cls, preset: str, compress: str = "both", stochastic_backward: bool = True, **kwargs) -> CommConfig:
@@ -60,9 +69,12 @@ class CommConfig:
         return cls(fwd=fwd, bwd=bwd, **kwargs)
 
 
-def _bf16_wire(config: QuantConfig | None, x: torch.Tensor) -> bool:
-    """The bf16 preset on a wider tensor: cast it for the wire."""
-    return config is not None and not config.compressed and x.dtype == torch.float32
+@dataclass(frozen=True)
+class Route:
+    """Where a direction's traffic goes: the wire it sends, the stats key it is counted under."""
+
+    wire: Wire
+    stats_key: str
 
 
 class TPCommunicator:
@@ -71,6 +83,9 @@ class TPCommunicator:
     def __init__(self, group: dist.ProcessGroup | None, config: CommConfig | None = None):
         self.group = group
         self.config = config or CommConfig()
+        self.routes = {d: Route(Wire.of(getattr(self.config, d), uncompressed="cast"), d) for d in DIRECTIONS}
+        self.streams = RandomStreams(self.config.seed)
+        self.validate = self.config.validate
         self.world = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if group is not None and dist.is_initialized() else 0
         self.virtual = False
@@ -83,25 +98,29 @@ class TPCommunicator:
         c.world, c.rank, c.virtual = world, rank, True
         return c
 
+    def start_step(self, step: int, validate: bool = False) -> None:
+        """Key the random streams by ``step`` (a resumed run replays them); ``validate``: check
+        this step's collectives across ranks (besides CommConfig.validate)."""
+        self.streams.start_step(step)
+        self.validate = validate or self.config.validate
+
+    def _options(self, direction: str) -> dict:
+        if direction not in self.routes:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        route = self.routes[direction]
+        return dict(config=route.wire, group=self.group, chunk_bytes=self.config.chunk_bytes, validate=self.validate,
+                    stats_key=route.stats_key, streams=self.streams, overlap=self.config.overlap,
+                    sync_timing=self.config.sync_timing)
+
     def _check_real(self) -> None:
         if self.virtual:
             raise RuntimeError("a virtual TPCommunicator (for sizing models) cannot communicate")
 
-    def _config(self, direction: str) -> QuantConfig | None:
-        return self.config.fwd if direction == "fwd" else self.config.bwd
-
     def all_reduce(self, x: torch.Tensor, direction: str) -> torch.Tensor:
         """Sum over the group, in place; returns x."""
         self._check_real()
-        if self.world == 1:
-            return x
-        config = self._config(direction)
-        if _bf16_wire(config, x):
-            wire = x.to(torch.bfloat16)
-            comm.all_reduce(wire, None, self.group, direction=direction, validate=self.config.validate)
-            return x.copy_(wire)
-        comm.all_reduce(x, config, self.group, algorithm=self.config.algorithm, chunk_bytes=self.config.chunk_bytes,
-                        direction=direction, seed=self.config.seed, validate=self.config.validate)
+        if self.world > 1:
+            all_reduce(x, algorithm=self.config.algorithm, **self._options(direction))
         return x
 
     def all_gather(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -109,12 +128,8 @@ class TPCommunicator:
         self._check_real()
         if self.world == 1:
             return x
-        config = self._config(direction)
-        if _bf16_wire(config, x):
-            return self.all_gather(x.to(torch.bfloat16), direction).to(x.dtype)
         out = x.new_empty((self.world * x.shape[0], *x.shape[1:]))
-        comm.all_gather(out, x.contiguous(), config, self.group, chunk_bytes=self.config.chunk_bytes,
-                        direction=direction, seed=self.config.seed, validate=self.config.validate)
+        all_gather(out, x, **self._options(direction))
         return out
 
     def reduce_scatter(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -124,12 +139,8 @@ class TPCommunicator:
             return x
         if x.shape[0] % self.world:
             raise ValueError(f"dim 0 ({x.shape[0]}) is not divisible by the TP size {self.world}")
-        config = self._config(direction)
-        if _bf16_wire(config, x):
-            return self.reduce_scatter(x.to(torch.bfloat16), direction).to(x.dtype)
         out = x.new_empty((x.shape[0] // self.world, *x.shape[1:]))
-        comm.reduce_scatter(out, x.contiguous(), config, self.group, chunk_bytes=self.config.chunk_bytes,
-                            direction=direction, seed=self.config.seed, validate=self.config.validate)
+        reduce_scatter(out, x, **self._options(direction))
         return out
 
     def all_reduce_exact(self, x: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:

@@ -32,33 +32,33 @@ def _init_shard(weight: torch.Tensor, fan_in: int) -> None:
     nn.init.uniform_(weight, -bound, bound)
 
 
-def column_input(x: torch.Tensor, comm: TPCommunicator, sequence_parallel: bool) -> torch.Tensor:
+def column_input(x: torch.Tensor, tp: TPCommunicator, sequence_parallel: bool) -> torch.Tensor:
     """What every column-parallel layer does to its input: all-gather the sequence (SP) or
     all-reduce the gradient backward.  Layers sharing one input (q, k, v) call it once
     and are built with input_is_mapped=True."""
-    return gather_from_sp(x, comm) if sequence_parallel else copy_to_tp(x, comm)
+    return gather_from_sp(x, tp) if sequence_parallel else copy_to_tp(x, tp)
 
 
 class ColumnParallelLinear(nn.Module):
     """y = x W^T + b with W split by output rows; the output stays split."""
 
-    def __init__(self, in_features: int, out_features: int, comm: TPCommunicator, bias: bool = True,
+    def __init__(self, in_features: int, out_features: int, tp: TPCommunicator, bias: bool = True,
                  sequence_parallel: bool = False, input_is_mapped: bool = False, device=None, dtype=None):
         super().__init__()
-        self.comm, self.sequence_parallel, self.input_is_mapped = comm, sequence_parallel, input_is_mapped
+        self.tp, self.sequence_parallel, self.input_is_mapped = tp, sequence_parallel, input_is_mapped
         self.in_features, self.out_features = in_features, out_features
-        self.out_local = _divide(out_features, comm.world, "out_features")
+        self.out_local = _divide(out_features, tp.world, "out_features")
         self.weight = nn.Parameter(torch.empty(self.out_local, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(self.out_local, device=device, dtype=dtype)) if bias else None
         _init_shard(self.weight, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_mapped:
-            x = column_input(x, self.comm, self.sequence_parallel)
+            x = column_input(x, self.tp, self.sequence_parallel)
         return F.linear(x, self.weight, self.bias)
 
     def load_full(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        r, n = self.comm.rank, self.out_local
+        r, n = self.tp.rank, self.out_local
         with torch.no_grad():
             self.weight.copy_(weight[r * n : (r + 1) * n])
             if self.bias is not None and bias is not None:
@@ -68,23 +68,23 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """y = x W^T + b with W split by input columns; x arrives split, y is reduced over TP."""
 
-    def __init__(self, in_features: int, out_features: int, comm: TPCommunicator, bias: bool = True,
+    def __init__(self, in_features: int, out_features: int, tp: TPCommunicator, bias: bool = True,
                  sequence_parallel: bool = False, device=None, dtype=None):
         super().__init__()
-        self.comm, self.sequence_parallel = comm, sequence_parallel
+        self.tp, self.sequence_parallel = tp, sequence_parallel
         self.in_features, self.out_features = in_features, out_features
-        self.in_local = _divide(in_features, comm.world, "in_features")
+        self.in_local = _divide(in_features, tp.world, "in_features")
         self.weight = nn.Parameter(torch.empty(out_features, self.in_local, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
         _init_shard(self.weight, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
-        y = scatter_to_sp(y, self.comm) if self.sequence_parallel else reduce_from_tp(y, self.comm)
+        y = scatter_to_sp(y, self.tp) if self.sequence_parallel else reduce_from_tp(y, self.tp)
         return y + self.bias if self.bias is not None else y
 
     def load_full(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        r, n = self.comm.rank, self.in_local
+        r, n = self.tp.rank, self.in_local
         with torch.no_grad():
             self.weight.copy_(weight[:, r * n : (r + 1) * n])
             if self.bias is not None and bias is not None:
@@ -95,24 +95,24 @@ class VocabParallelEmbedding(nn.Module):
     """Embedding with the vocabulary split over TP: each rank looks up its own rows, zeros
     elsewhere, and the partial embeddings are reduced (or reduce-scattered with SP)."""
 
-    def __init__(self, vocab_size: int, dim: int, comm: TPCommunicator, sequence_parallel: bool = False,
+    def __init__(self, vocab_size: int, dim: int, tp: TPCommunicator, sequence_parallel: bool = False,
                  device=None, dtype=None):
         super().__init__()
-        self.comm, self.sequence_parallel = comm, sequence_parallel
+        self.tp, self.sequence_parallel = tp, sequence_parallel
         self.vocab_size, self.dim = vocab_size, dim
-        self.vocab_local = _divide(vocab_size, comm.world, "vocab_size")
-        self.vocab_start = comm.rank * self.vocab_local
+        self.vocab_local = _divide(vocab_size, tp.world, "vocab_size")
+        self.vocab_start = tp.rank * self.vocab_local
         self.weight = nn.Parameter(torch.empty(self.vocab_local, dim, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.comm.world == 1:
+        if self.tp.world == 1:
             return F.embedding(ids, self.weight)
         local = ids - self.vocab_start
         outside = (local < 0) | (local >= self.vocab_local)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        return scatter_to_sp(out, self.comm) if self.sequence_parallel else reduce_from_tp(out, self.comm)
+        return scatter_to_sp(out, self.tp) if self.sequence_parallel else reduce_from_tp(out, self.tp)
 
     def load_full(self, weight: torch.Tensor) -> None:
         with torch.no_grad():
@@ -124,20 +124,20 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     exactly (uncompressed: they are small and the loss must not depend on the codec)."""
 
     @staticmethod
-    def forward(ctx, logits, labels, comm: TPCommunicator, vocab_start: int):
+    def forward(ctx, logits, labels, tp: TPCommunicator, vocab_start: int):
         logits = logits.float()
         vocab_local = logits.shape[-1]
         logit_max = logits.max(dim=-1).values
-        comm.all_reduce_exact(logit_max, torch.distributed.ReduceOp.MAX)
+        tp.all_reduce_exact(logit_max, torch.distributed.ReduceOp.MAX)
         shifted = logits - logit_max.unsqueeze(-1)
         local = labels - vocab_start
         outside = (local < 0) | (local >= vocab_local)
         local = local.masked_fill(outside, 0)
         target = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        comm.all_reduce_exact(target)
+        tp.all_reduce_exact(target)
         exp = shifted.exp()
         sum_exp = exp.sum(dim=-1)
-        comm.all_reduce_exact(sum_exp)
+        tp.all_reduce_exact(sum_exp)
         loss = torch.log(sum_exp) - target
         softmax = exp.div_(sum_exp.unsqueeze(-1))
         ctx.save_for_backward(softmax, local, outside)
@@ -153,9 +153,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return g * (grad / ctx.count), None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, comm: TPCommunicator,
+def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, tp: TPCommunicator,
                                  vocab_start: int) -> torch.Tensor:
     """Mean token cross entropy; ``logits`` (..., vocab / tp) is this rank's slice starting at vocab_start."""
-    if comm.world == 1:
+    if tp.world == 1:
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
-    return _VocabParallelCrossEntropy.apply(logits, labels, comm, vocab_start)
+    return _VocabParallelCrossEntropy.apply(logits, labels, tp, vocab_start)

@@ -16,23 +16,23 @@ from .communicator import TPCommunicator
 
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, comm: TPCommunicator):
-        ctx.comm = comm
+    def forward(ctx, x, tp: TPCommunicator):
+        ctx.tp = tp
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         # a copy: autograd may hand the same gradient buffer to other consumers
-        return ctx.comm.all_reduce(grad.contiguous().clone(), "bwd"), None
+        return ctx.tp.all_reduce(grad.contiguous().clone(), "bwd"), None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, comm: TPCommunicator):
+    def forward(ctx, x, tp: TPCommunicator):
         if not x.is_contiguous():
-            return comm.all_reduce(x.contiguous(), "fwd")
+            return tp.all_reduce(x.contiguous(), "fwd")
         ctx.mark_dirty(x)  # reduced in place: a layer's fresh output, which nothing else holds
-        return comm.all_reduce(x, "fwd")
+        return tp.all_reduce(x, "fwd")
 
     @staticmethod
     def backward(ctx, grad):
@@ -41,37 +41,37 @@ class _ReduceFromTP(torch.autograd.Function):
 
 class _GatherFromSP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, comm: TPCommunicator):
-        ctx.comm = comm
-        return comm.all_gather(x, "fwd")
+    def forward(ctx, x, tp: TPCommunicator):
+        ctx.tp = tp
+        return tp.all_gather(x, "fwd")
 
     @staticmethod
     def backward(ctx, grad):
-        return ctx.comm.reduce_scatter(grad.contiguous(), "bwd"), None
+        return ctx.tp.reduce_scatter(grad.contiguous(), "bwd"), None
 
 
 class _ScatterToSP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, comm: TPCommunicator):
-        ctx.comm = comm
-        return comm.reduce_scatter(x, "fwd")
+    def forward(ctx, x, tp: TPCommunicator):
+        ctx.tp = tp
+        return tp.reduce_scatter(x, "fwd")
 
     @staticmethod
     def backward(ctx, grad):
-        return ctx.comm.all_gather(grad.contiguous(), "bwd"), None
+        return ctx.tp.all_gather(grad.contiguous(), "bwd"), None
 
 
-def copy_to_tp(x: torch.Tensor, comm: TPCommunicator) -> torch.Tensor:
-    return _CopyToTP.apply(x, comm) if comm.world > 1 else x
+def copy_to_tp(x: torch.Tensor, tp: TPCommunicator) -> torch.Tensor:
+    return _CopyToTP.apply(x, tp) if tp.world > 1 else x
 
 
-def reduce_from_tp(x: torch.Tensor, comm: TPCommunicator) -> torch.Tensor:
-    return _ReduceFromTP.apply(x, comm) if comm.world > 1 else x
+def reduce_from_tp(x: torch.Tensor, tp: TPCommunicator) -> torch.Tensor:
+    return _ReduceFromTP.apply(x, tp) if tp.world > 1 else x
 
 
-def gather_from_sp(x: torch.Tensor, comm: TPCommunicator) -> torch.Tensor:
-    return _GatherFromSP.apply(x, comm) if comm.world > 1 else x
+def gather_from_sp(x: torch.Tensor, tp: TPCommunicator) -> torch.Tensor:
+    return _GatherFromSP.apply(x, tp) if tp.world > 1 else x
 
 
-def scatter_to_sp(x: torch.Tensor, comm: TPCommunicator) -> torch.Tensor:
-    return _ScatterToSP.apply(x, comm) if comm.world > 1 else x
+def scatter_to_sp(x: torch.Tensor, tp: TPCommunicator) -> torch.Tensor:
+    return _ScatterToSP.apply(x, tp) if tp.world > 1 else x

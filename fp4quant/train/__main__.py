@@ -27,7 +27,6 @@ from pathlib import Path
 from ..data import DataError, TokenDataset, is_default_folder, prepare_default_once
 from .config import ConfigError, TrainConfig, world_from_env
 
-BOOLEAN = {"stochastic_backward", "sequence_parallel", "activation_checkpointing"}
 
 
 def parse(argv=None) -> TrainConfig:
@@ -35,7 +34,7 @@ def parse(argv=None) -> TrainConfig:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
-        if f.name in BOOLEAN:
+        if f.type in ("bool", bool):  # --x / --no-x
             ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         elif f.name == "out":
             ap.add_argument(flag, required=True, help="run folder (log.jsonl, checkpoints/, summary.json)")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..comm import ALGORITHMS
 from ..data import DEFAULT_FOLDER
 from ..format.config import PRESETS
 from ..models.config import MODEL_PRESETS, ModelConfig
@@ -45,6 +46,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     eval_batches: int = 8
     device: str = "auto"  # auto (CUDA when available), cpu, cuda
+    validate_every_step: bool = False  # validate every collective across ranks (the first step always is)
+    sync_timing: bool = False  # on CUDA, synchronize around timed codec/comm steps: the log's times are GPU durations
     backend: str = "auto"  # process group: auto (nccl on CUDA, else gloo), nccl, gloo (several ranks on one GPU)
 
     def __post_init__(self) -> None:
@@ -58,7 +61,7 @@ class TrainConfig:
         need(self.comm in PRESETS or self.comm == "exact",
              f"--comm must be a preset ({', '.join(PRESETS)}) or exact, got {self.comm!r}")
         need(self.compress in COMPRESS_CHOICES, f"--compress must be one of {COMPRESS_CHOICES}, got {self.compress!r}")
-        need(self.algorithm in ("two_shot", "one_shot", "auto"), f"--algorithm must be two_shot, one_shot or auto, got {self.algorithm!r}")
+        need(self.algorithm in ALGORITHMS, f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         need(self.device in ("auto", "cpu", "cuda"), f"--device must be auto, cpu or cuda, got {self.device!r}")
         need(self.backend in ("auto", "nccl", "gloo"), f"--backend must be auto, nccl or gloo, got {self.backend!r}")
         need(not (self.backend == "nccl" and self.device == "cpu"), "--backend nccl needs --device cuda (or auto)")

@@ -22,7 +22,9 @@ import torch.distributed as dist
 
 from .config import ConfigError, TrainConfig
 
-BOOKKEEPING = ("out", "eval_batches", "keep_checkpoints", "checkpoint_every", "device", "data")
+# what a resumed run may change (validation and timing do not change what is computed)
+BOOKKEEPING = ("out", "eval_batches", "keep_checkpoints", "checkpoint_every", "device", "data", "validate_every_step",
+               "sync_timing")
 
 
 def check_ranks_agree(cfg: TrainConfig, identity: dict[str, Any]) -> None:

@@ -15,7 +15,6 @@ job fails in seconds instead of hanging.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -29,13 +28,13 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from .. import comm
-from ..comm.plan import mix64, reset_streams
 from ..data import TokenDataset
 from ..models import Qwen2ForCausalLM
 from ..models.hf import load_safetensors
 from ..models.init import initialize
 from ..parallel import CommConfig, ParallelMesh, TPCommunicator, init_mesh
 from ..provenance import atomic_write_json, atomic_write_text, provenance
+from ..threads import pin_threads
 from . import checkpoint
 from .config import TrainConfig
 from .consistency import check_ranks_agree, resume_differences
@@ -51,18 +50,6 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def pin_threads() -> None:
-    """Use exactly OMP_NUM_THREADS threads (torchrun sets it per rank) for every CPU backend:
-    an inherited MKL_NUM_THREADS (Snakemake exports the job's threads) would otherwise
-    oversubscribe the cores the ranks share."""
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-
-
-def _mix(seed: int, step: int) -> int:
-    return mix64(seed ^ mix64(step + 0x9E3779B97F4A7C15))
 
 
 class Trainer:
@@ -83,7 +70,8 @@ class Trainer:
             self.mesh = ParallelMesh.single()
         self.is_logger = self.mesh.rank == 0
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
-                                                  algorithm=cfg.algorithm, seed=cfg.seed)
+                                                  algorithm=cfg.algorithm, seed=cfg.seed,
+                                                  validate=cfg.validate_every_step, sync_timing=cfg.sync_timing)
         self.tp = TPCommunicator(self.mesh.tp_group, self.comm_config)
         self.data = data if data is not None else TokenDataset(cfg.data)
         self.model = self._build_model()
@@ -205,11 +193,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         # stochastic rounding streams depend on the step only: a resumed run replays them
-        # validate=None after the first step: FP4QUANT_VALIDATE decides, as for any caller
-        self.tp.config = dataclasses.replace(self.comm_config, seed=_mix(cfg.seed, self.step),
-                                             validate=True if self.validate_next_step else None)
+        self.tp.start_step(self.step, validate=self.validate_next_step)
         self.validate_next_step = False
-        reset_streams()
         before = comm.stats()
         self._sync()
         t0 = time.perf_counter()
@@ -229,8 +214,8 @@ class Trainer:
         after = comm.stats()
         record = {"step": self.step, "loss": float(loss_value), "lr": lr, "grad_norm": grad_norm,
                   "step_time_s": step_time, "tokens_per_s": self.tokens_per_step / step_time}
-        for direction in ("fwd", "bwd"):
-            a, b = after.get(direction, {}), before.get(direction, {})
+        for direction, route in self.tp.routes.items():
+            a, b = after.get(route.stats_key, {}), before.get(route.stats_key, {})
             for key in ("bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "calls"):
                 record[f"{direction}_{key}"] = a.get(key, 0) - b.get(key, 0)
         self.step += 1

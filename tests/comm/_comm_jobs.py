@@ -1,6 +1,6 @@
-"""The bodies of the multi-process tests, run on every rank by _comm_launch.
+"""The bodies of the multi-process tests, run on every rank by tests/distributed.py (run_job).
 
-    python tests/comm/_comm_jobs.py suite OUT.json
+    python tests/comm/_comm_jobs.py suite OUT.json     (OUT may hold {rank})
 
 Ranks only measure and record (NMSEs, bit-identity across ranks, exceptions raised);
 the tests assert on the recorded values, so a failed expectation on one rank never
@@ -297,18 +297,16 @@ def check_validation() -> dict:
     out["config"] = raised(lambda: comm.all_reduce(inp(C.rank, 3000), cfg, validate=True))
     op = "avg" if C.rank == last and W > 1 else "sum"
     out["op"] = raised(lambda: comm.all_reduce(inp(C.rank, 3000), "fp4quant", op=op, validate=True))
-    os.environ["FP4QUANT_VALIDATE"] = "1"
-    try:
-        n = 3001 if C.rank == last and W > 1 else 3000
-        out["shape_env"] = raised(lambda: comm.all_reduce(inp(C.rank, n), "fp4quant"))
-        x = torch.ones(3000, dtype=torch.int64) if C.rank == last else inp(C.rank, 3000)
-        out["int_validated"] = raised(lambda: comm.all_reduce(x, "fp4quant"))
-        o = torch.empty(W * (10 if C.rank == last and W > 1 else 11), device=C.device)
-        out["gather_shape"] = raised(lambda: comm.all_gather(o, inp(C.rank, 11), "fp4quant"))
-        e = torch.empty(0, device=C.device) if C.rank != last or W == 1 else inp(C.rank, 5)
-        out["empty_vs_nonempty"] = raised(lambda: comm.all_reduce(e, "fp4quant"))
-    finally:
-        del os.environ["FP4QUANT_VALIDATE"]
+    n = 3001 if C.rank == last and W > 1 else 3000
+    out["shape"] = raised(lambda: comm.all_reduce(inp(C.rank, n), "fp4quant", validate=True))
+    x = torch.ones(3000, dtype=torch.int64) if C.rank == last else inp(C.rank, 3000)
+    out["int_validated"] = raised(lambda: comm.all_reduce(x, "fp4quant", validate=True))
+    o = torch.empty(W * (10 if C.rank == last and W > 1 else 11), device=C.device)
+    out["gather_shape"] = raised(lambda: comm.all_gather(o, inp(C.rank, 11), "fp4quant", validate=True))
+    e = torch.empty(0, device=C.device) if C.rank != last or W == 1 else inp(C.rank, 5)
+    out["empty_vs_nonempty"] = raised(lambda: comm.all_reduce(e, "fp4quant", validate=True))
+    sr = QuantConfig.preset("fp4quant", rounding="stochastic")
+    out["stochastic_without_streams"] = raised(lambda: comm.all_reduce(inp(C.rank, 10), sr))
     # argument errors on every rank, before any communication
     out["int"] = raised(lambda: comm.all_reduce(torch.ones(10, dtype=torch.int32), "fp4quant"))
     out["int_uncompressed"] = raised(lambda: comm.all_reduce(torch.ones(10, dtype=torch.int32)))
@@ -325,10 +323,10 @@ def check_stats() -> dict:
     W = C.world
     comm.reset_stats()
     n = 4 * W * BLOCK
-    comm.all_reduce(inp(C.rank, n), "fp4quant", algorithm="two_shot", direction="fwd")
-    comm.all_reduce(inp(C.rank, n), "fp4quant", algorithm="one_shot", direction="bwd")
-    comm.all_reduce(inp(C.rank, n), None, direction="bwd")
-    comm.all_reduce(inp(C.rank, 0), "fp4quant", direction="bwd")
+    comm.all_reduce(inp(C.rank, n), "fp4quant", algorithm="two_shot", stats_key="fwd")
+    comm.all_reduce(inp(C.rank, n), "fp4quant", algorithm="one_shot", stats_key="bwd")
+    comm.all_reduce(inp(C.rank, n), None, stats_key="bwd")
+    comm.all_reduce(inp(C.rank, 0), "fp4quant", stats_key="bwd")
     s = comm.stats()
     cfg = QuantConfig.preset("fp4quant")
     expected = {
@@ -345,10 +343,11 @@ def check_stochastic() -> dict:
     cfg = QuantConfig.preset("fp4quant", rounding="stochastic")
     n = 30000
     out = {}
+    streams = comm.RandomStreams()
     for algo in ALGOS:
         a, b = inp(C.rank, n, seed=12), inp(C.rank, n, seed=12)
-        comm.all_reduce(a, cfg, algorithm=algo)
-        comm.all_reduce(b, cfg, algorithm=algo)
+        comm.all_reduce(a, cfg, algorithm=algo, streams=streams)
+        comm.all_reduce(b, cfg, algorithm=algo, streams=streams)
         out[algo] = {
             "identical": identical(a) and identical(b),
             "calls_differ": not equal_bits(a, b),
@@ -453,8 +452,9 @@ CHECKS = {name[6:]: fn for name, fn in globals().items() if name.startswith("che
 
 def main() -> int:
     global C
-    job, out_path = sys.argv[1], sys.argv[2]
+    job = sys.argv[1]
     C = Ctx()
+    out_path = sys.argv[2].format(rank=C.rank)
     dist.init_process_group(C.backend, device_id=C.device if C.backend == "nccl" else None)
     results: dict[str, Any] = {"world": C.world, "rank": C.rank}
     names = list(CHECKS) if job == "suite" else job.split(",")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from _comm_launch import REPO, free_port
+from distributed import REPO, free_port
 
 
 @pytest.mark.slow

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import torch
 
 from fp4quant import QuantConfig
-from fp4quant.comm import validate
+from fp4quant.comm import Wire, validate
 from fp4quant.data import DataError
+from fp4quant.parallel.communicator import Route
 from fp4quant.train import ConfigError, TrainConfig, Trainer
 
 
@@ -39,8 +39,8 @@ def misconfigured_rank(rank, world, **kwargs):
     """Rank 1 sends its forward traffic under another preset than rank 0, which no TrainConfig
     field shows (as a rank running other code would): the first step's validation must name it."""
     trainer = Trainer(TrainConfig(**kwargs))
-    if rank == 1:
-        trainer.comm_config = dataclasses.replace(trainer.comm_config, fwd=QuantConfig.preset("no_fwht"))
+    if rank == 1:  # the communicator's forward route, resolved when it was built, replaced
+        trainer.tp.routes["fwd"] = Route(Wire.of(QuantConfig.preset("no_fwht")), "fwd")
     try:
         trainer.run()
     except ValueError as exc:

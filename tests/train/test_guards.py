@@ -149,8 +149,7 @@ def test_a_misconfigured_rank_fails_at_the_first_step(data, tmp_path):
 
 def test_only_the_first_step_is_validated(data, tmp_path):
     results = run_ranks("train.rank_jobs:validations", 2, short(data, tmp_path / "run", tp=2, comm="fp4quant",
-                                                                 steps=3, seq_len=32), timeout=60,
-                        env={"FP4QUANT_VALIDATE": "0"})
+                                                                 steps=3, seq_len=32), timeout=60)
     first = results[0]["log"][0]
     for r in results:  # one validation per collective of step 0, none later
         assert r["steps"] == [0] * (first["fwd_calls"] + first["bwd_calls"]) and r["steps"], r["steps"]

@@ -90,3 +90,34 @@ def test_snakemake_reports_a_bad_configuration_in_one_line(edit, message, tmp_pa
     assert r.returncode != 0
     lines = [line for line in (r.stdout + r.stderr).splitlines() if "is extended by additional config" not in line]
     assert len(lines) == 1 and lines[0].startswith(message), r.stdout + r.stderr
+
+
+def test_training_defaults_and_choices_are_stated_once():
+    """The schema states no default of a training option (the trainer's TrainConfig does) and
+    takes its choices from the package; the workflow passes only what a configuration sets."""
+    import dataclasses
+    import re
+
+    from fp4quant.comm import ALGORITHMS
+    from fp4quant.parallel.communicator import COMPRESS_CHOICES
+    from fp4quant.train import TrainConfig
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    train = SCHEMA["properties"]["train"]["properties"]
+    stated = [k for k, v in train.items() if k in fields and "default" in v]
+    assert not stated, f"defaults of TrainConfig restated in the schema: {stated}"
+    assert train["algorithm"]["enum"] == list(ALGORITHMS)
+    assert train["compress"]["enum"] == list(COMPRESS_CHOICES)
+    smk = (REPO / "workflow/rules/train.smk").read_text()
+    options = re.search(r"TRAIN_OPTIONS = \(([^)]*)\)", smk).group(1)
+    assert set(re.findall(r'"(\w+)"', options)) <= fields
+    body = smk[smk.index("def train_args"):smk.index("rule train:")]
+    assert not re.search(r"""\.get\(['"]\w+['"], """, body), "a default restated in train_args"
+    for name in ("default", "ci", "h100", "loopback"):
+        section = yaml.safe_load((REPO / f"workflow/config/{name}.yaml").read_text()).get("train", {})
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+        # h100 states its own choices; the CPU default states only what differs from the trainer
+        if name == "default":
+            required = set(SCHEMA["properties"]["train"]["required"])  # stated by every configuration
+            same = [k for k, v in section.items() if k in defaults and k not in required and defaults[k] == v]
+            assert not same, f"default.yaml restates TrainConfig defaults: {same}"

@@ -10,10 +10,12 @@ rule error_benchmark:
     log:
         f"{OUT}/logs/error_benchmark.log",
     params:
-        numel=4096 * 16 if QUICK else config["bench"].get("error_numel", 1 << 20),
-        seeds=1 if QUICK else config["bench"].get("error_seeds", 3),
+        # what the configuration leaves out takes the benchmark's own defaults (--numel, --seeds)
+        sizes=("--numel 65536 --seeds 1" if QUICK else " ".join(
+            f"--{flag} {config['bench'][key]}" for key, flag in (("error_numel", "numel"), ("error_seeds", "seeds"))
+            if config["bench"].get(key) is not None)),
     shell:
-        "{PY} -m fp4quant.bench.error --out {output.csv} --numel {params.numel} --seeds {params.seeds} 2> {log}"
+        "{PY} -m fp4quant.bench.error --out {output.csv} {params.sizes} 2> {log}"
 
 
 rule kernel_benchmark:

@@ -9,25 +9,29 @@ rule prepare_data:
         f"{OUT}/logs/prepare_data.log",
     params:
         inputs=("--input " + " ".join(config.get("data", {}).get("inputs", []))) if config.get("data", {}).get("inputs") else "",
-        tokenizer=config.get("data", {}).get("tokenizer", "bytes"),
+        tokenizer=f"--tokenizer {config['data']['tokenizer']}" if config.get("data", {}).get("tokenizer") else "",
         provenance=PROVENANCE_KEY,  # the tokenizer is code too
     shell:
-        "{PY} -m fp4quant.data prepare --out {OUT}/tokens {params.inputs} --tokenizer {params.tokenizer} 2> {log}"
+        "{PY} -m fp4quant.data prepare --out {OUT}/tokens {params.inputs} {params.tokenizer} 2> {log}"
+
+
+# The training options the configuration may set; those it leaves out take the trainer's
+# defaults (fp4quant.train.TrainConfig: the one place they are stated), so none is repeated here.
+TRAIN_OPTIONS = ("model", "tp", "compress", "algorithm", "steps", "seq_len", "batch_size", "lr", "checkpoint_every",
+                 "eval_batches", "sequence_parallel", "activation_checkpointing")
 
 
 def train_args(wildcards):
-    t = TRAIN
-    flags = [
-        f"--model {t['model']}", f"--tp {t['tp']}", f"--comm {wildcards.comm}", f"--compress {t.get('compress', 'both')}",
-        f"--algorithm {t.get('algorithm', 'two_shot')}", f"--steps {t['steps']}", f"--seq-len {t['seq_len']}",
-        f"--batch-size {t['batch_size']}", f"--lr {t.get('lr', 0.003)}", f"--seed {wildcards.seed}",
-        f"--checkpoint-every {t.get('checkpoint_every', 100)}", f"--eval-batches {t.get('eval_batches', 8)}",
-        f"--device {config['launcher'].get('device', 'auto')}", f"--data {OUT}/tokens",
-    ]
-    if t.get("sequence_parallel"):
-        flags.append("--sequence-parallel")
-    if t.get("activation_checkpointing"):
-        flags.append("--activation-checkpointing")
+    flags = [f"--comm {wildcards.comm}", f"--seed {wildcards.seed}", f"--data {OUT}/tokens"]
+    for key in TRAIN_OPTIONS:
+        value = TRAIN.get(key)
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            flags.append(f"{flag} {value}")
+    if config["launcher"].get("device") is not None:
+        flags.append(f"--device {config['launcher']['device']}")
     return " ".join(flags)
 
 

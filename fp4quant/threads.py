@@ -1,0 +1,15 @@
+"""Thread counts of processes that share a machine's cores (a base module: imports only torch)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def pin_threads() -> None:
+    """Use exactly OMP_NUM_THREADS threads (torchrun sets it per rank) for every CPU backend:
+    an inherited MKL_NUM_THREADS (Snakemake exports the job's threads) would otherwise
+    oversubscribe the cores the ranks share."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
