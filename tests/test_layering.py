@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "reference": {"format"},
     "ops": {"format", "reference", "_C"},
     "comm": {"format", "ops", "reference", "provenance"},
-    "parallel": {"comm", "format"},
+    "parallel": {"comm", "format", "reference"},  # reference: Quartet's pseudo-quantized GEMMs (parallel.compute)
     "models": {"parallel", "comm", "format"},
     "train": {"models", "parallel", "comm", "format", "ops", "data"} | BASE,
     "cluster": {"models", "parallel", "comm", "format", "ops"} | BASE,

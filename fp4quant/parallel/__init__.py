@@ -5,17 +5,21 @@ communicator  TPCommunicator: owns both directions of TP traffic (forward activa
               backward input gradients), each resolved once to a Route (the wire it
               sends, its stats key), and the random streams of its compressed calls
 mappings      the conjugate autograd functions (copy/reduce, gather/scatter)
+compute       ComputeConfig, LinearCompute: the linear layers' GEMMs, exact or Quartet's FP4
 layers        ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
               vocab_parallel_cross_entropy
 """
 
 from .communicator import CommConfig, Route, TPCommunicator
+from .compute import ComputeConfig, LinearCompute
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, vocab_parallel_cross_entropy
 from .mesh import ParallelMesh, init_mesh
 
 __all__ = [
     "ColumnParallelLinear",
     "CommConfig",
+    "ComputeConfig",
+    "LinearCompute",
     "ParallelMesh",
     "Route",
     "RowParallelLinear",

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .communicator import TPCommunicator
+from .compute import linear
 from .mappings import copy_to_tp, gather_from_sp, reduce_from_tp, scatter_to_sp
 
 
@@ -50,12 +51,13 @@ class ColumnParallelLinear(nn.Module):
         self.out_local = _divide(out_features, tp.world, "out_features")
         self.weight = nn.Parameter(torch.empty(self.out_local, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(self.out_local, device=device, dtype=dtype)) if bias else None
+        self.compute = self.compute_index = None  # exact F.linear unless a LinearCompute is attached
         _init_shard(self.weight, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_mapped:
             x = column_input(x, self.tp, self.sequence_parallel)
-        return F.linear(x, self.weight, self.bias)
+        return linear(self, x, self.bias)
 
     def load_full(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         r, n = self.tp.rank, self.out_local
@@ -76,10 +78,11 @@ class RowParallelLinear(nn.Module):
         self.in_local = _divide(in_features, tp.world, "in_features")
         self.weight = nn.Parameter(torch.empty(out_features, self.in_local, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
+        self.compute = self.compute_index = None  # exact F.linear unless a LinearCompute is attached
         _init_shard(self.weight, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = linear(self, x, None)
         y = scatter_to_sp(y, self.tp) if self.sequence_parallel else reduce_from_tp(y, self.tp)
         return y + self.bias if self.bias is not None else y
 

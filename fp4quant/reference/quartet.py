@@ -119,12 +119,14 @@ class QuartetLinear(torch.autograd.Function):
         w2, _ = _rows(weight)
         xq, x_mask = quest(rotate(x2))
         wq, w_mask = quest(rotate(w2))
-        y = xq @ wq.T
+        # the output is its own tensor, not a view (callers reduce it in place)
+        y = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32, device=x.device)
+        torch.mm(xq, wq.T, out=y.view(-1, weight.shape[0]))
         if bias is not None:
-            y = y + bias.to(torch.float32)
+            y += bias.to(torch.float32)
         ctx.save_for_backward(xq, wq, x_mask, w_mask)
         ctx.meta = (x.shape, x.dtype, weight.dtype, cols, seed, bias is not None)
-        return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
+        return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):

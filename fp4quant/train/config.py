@@ -15,6 +15,7 @@ from ..data import DEFAULT_FOLDER
 from ..format.config import PRESETS
 from ..models.config import MODEL_PRESETS, ModelConfig
 from ..parallel.communicator import COMPRESS_CHOICES
+from ..parallel.compute import COMPUTE_KINDS
 
 
 class ConfigError(ValueError):
@@ -30,6 +31,7 @@ class TrainConfig:
     compress: str = "both"  # which directions use it: none, fwd, bwd, both
     algorithm: str = "two_shot"
     stochastic_backward: bool = True
+    compute: str = "exact"  # the linear layers' GEMMs: exact, or quartet (FP4 pseudo-quantized, fp4quant.parallel.compute)
     sequence_parallel: bool = False
     steps: int = 300
     seq_len: int = 256
@@ -60,6 +62,7 @@ class TrainConfig:
             need(math.isfinite(getattr(self, name)), f"--{name.replace('_', '-')} must be finite, got {getattr(self, name)}")
         need(self.comm in PRESETS or self.comm == "exact",
              f"--comm must be a preset ({', '.join(PRESETS)}) or exact, got {self.comm!r}")
+        need(self.compute in COMPUTE_KINDS, f"--compute must be one of {COMPUTE_KINDS}, got {self.compute!r}")
         need(self.compress in COMPRESS_CHOICES, f"--compress must be one of {COMPRESS_CHOICES}, got {self.compress!r}")
         need(self.algorithm in ALGORITHMS, f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         need(self.device in ("auto", "cpu", "cuda"), f"--device must be auto, cpu or cuda, got {self.device!r}")

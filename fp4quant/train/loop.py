@@ -32,7 +32,7 @@ from ..data import TokenDataset
 from ..models import Qwen2ForCausalLM
 from ..models.hf import load_safetensors
 from ..models.init import initialize
-from ..parallel import CommConfig, ParallelMesh, TPCommunicator, init_mesh
+from ..parallel import CommConfig, ComputeConfig, LinearCompute, ParallelMesh, TPCommunicator, init_mesh
 from ..provenance import atomic_write_json, atomic_write_text, provenance
 from ..threads import pin_threads
 from . import checkpoint
@@ -73,6 +73,7 @@ class Trainer:
                                                   algorithm=cfg.algorithm, seed=cfg.seed,
                                                   validate=cfg.validate_every_step, sync_timing=cfg.sync_timing)
         self.tp = TPCommunicator(self.mesh.tp_group, self.comm_config)
+        self.compute = LinearCompute(ComputeConfig(cfg.compute, cfg.seed), rank=self.mesh.tp_rank)
         self.data = data if data is not None else TokenDataset(cfg.data)
         self.model = self._build_model()
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
@@ -94,6 +95,8 @@ class Trainer:
     def _build_model(self) -> Qwen2ForCausalLM:
         cfg = self.cfg
         model = Qwen2ForCausalLM(cfg.model_config(), self.tp, cfg.sequence_parallel, cfg.activation_checkpointing)
+        # every linear layer of the blocks; the LM head stays exact, as in Quartet
+        self.compute.attach(model.model)
         if Path(cfg.model, "config.json").exists():
             load_safetensors(model, cfg.model)
         else:
@@ -194,6 +197,7 @@ class Trainer:
             group["lr"] = lr
         # stochastic rounding streams depend on the step only: a resumed run replays them
         self.tp.start_step(self.step, validate=self.validate_next_step)
+        self.compute.start_step(self.step)
         self.validate_next_step = False
         before = comm.stats()
         self._sync()
@@ -262,7 +266,10 @@ class Trainer:
         if self.is_logger:  # the log holds exactly the steps behind the model: restored, or started afresh
             atomic_write_text(self.out / "log.jsonl", "".join(line + "\n" for line in self.history))
             log = (self.out / "log.jsonl").open("a")
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.comm}", unit="step", file=sys.stderr,
+        if self.is_logger and self.compute.config.quantized:
+            print(f"fp4quant.train: {self.compute.config.describe(self.device)}", file=sys.stderr)
+        label = cfg.comm if not self.compute.config.quantized else f"{cfg.comm}, compute {cfg.compute}"
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {label}", unit="step", file=sys.stderr,
                    disable=not self.is_logger)
         self.model.train()
         try:
