@@ -18,7 +18,8 @@ def training(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
         cfg = s["provenance"]["config"]
         rows.append({
             "network": network(d),
-            "profile": profile, "run": str(d), "model": cfg["model"], "comm": cfg["comm"], "compress": cfg["compress"],
+            "profile": profile, "run": str(d), "model": cfg["model"], "comm": cfg["comm"],
+            "compute": cfg.get("compute", "exact"), "series": series(cfg), "compress": cfg["compress"],
             "seed": cfg["seed"], "tp": s["mesh"]["tp"], "dp": s["mesh"]["dp"], "world": s["mesh"]["world"],
             "backend": s["mesh"]["backend"], "device": s["mesh"]["device"], "steps": s["steps"],
             "seq_len": cfg["seq_len"], "batch_size": cfg["batch_size"],
@@ -28,10 +29,17 @@ def training(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
             **{k: s["provenance"][k] for k in PROVENANCE_COLUMNS},
         })
     df = pd.DataFrame(rows)
-    base = df[df.comm == "bf16"].groupby("seed").tokens_per_s.mean() if len(df) else pd.Series(dtype=float)
+    # over BF16 communication with exact compute, seed by seed
+    base = df[df.series == "bf16"].groupby("seed").tokens_per_s.mean() if len(df) else pd.Series(dtype=float)
     df["speedup_vs_bf16"] = [r.tokens_per_s / base[r.seed] if r.seed in base.index else float("nan")
                              for r in df.itertuples()]
-    return df.sort_values(["comm", "seed"]).reset_index(drop=True)
+    return df.sort_values(["series", "seed"]).reset_index(drop=True)
+
+
+def series(cfg: dict) -> str:
+    """What a run is compared as: its TP communication, and its compute where not exact."""
+    compute = cfg.get("compute", "exact")
+    return cfg["comm"] if compute == "exact" else f"{cfg['comm']}+{compute}"
 
 
 def network(run_dir: Path) -> str:
@@ -54,7 +62,7 @@ def curves(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
         cfg = prov["config"]
         log = pd.read_json(d / "log.jsonl", lines=True)
         log = log[["step", "loss", "lr", "tokens_per_s", "step_time_s"]].assign(
-            profile=profile, comm=cfg["comm"], seed=cfg["seed"], model=cfg["model"], run=str(d),
+            profile=profile, comm=cfg["comm"], series=series(cfg), seed=cfg["seed"], model=cfg["model"], run=str(d),
             **{k: prov[k] for k in PROVENANCE_COLUMNS})
         frames.append(log)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -82,10 +90,10 @@ def ablation(name: str, error: pd.DataFrame, kernels: pd.DataFrame, runs: pd.Dat
             if len(a) and len(b):
                 rows.append({"ablation": name, "measure": f"quantize_gbps/{size}", "fp4quant": float(a.gbps.iloc[0]),
                              "ablated": float(b.gbps.iloc[0])})
-    seeds = set(runs[runs.comm == "fp4quant"].seed) & set(runs[runs.comm == name].seed)  # paired: same seeds
+    seeds = set(runs[runs.series == "fp4quant"].seed) & set(runs[runs.series == name].seed)  # paired: same seeds
     for measure in ("final_loss", "val_loss", "tokens_per_s"):
-        a = runs[(runs.comm == "fp4quant") & runs.seed.isin(seeds)][measure]
-        b = runs[(runs.comm == name) & runs.seed.isin(seeds)][measure]
+        a = runs[(runs.series == "fp4quant") & runs.seed.isin(seeds)][measure]
+        b = runs[(runs.series == name) & runs.seed.isin(seeds)][measure]
         if len(a) and len(b):
             rows.append({"ablation": name, "measure": measure, "fp4quant": float(a.mean()), "ablated": float(b.mean())})
     df = pd.DataFrame(rows)

@@ -25,6 +25,12 @@ def _order(values) -> list[str]:
     return [v for v in ORDER if v in present] + [v for v in present if v not in ORDER]
 
 
+def with_series(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its runs' series (their communication, +compute where not exact); results
+    written before runs had a compute have their communication as the series."""
+    return df if "series" in df else df.assign(series=df.comm)
+
+
 def _footer(fig, df: pd.DataFrame, profile: str) -> None:
     hw = "; ".join(sorted(set(df["hardware"].astype(str)))) if "hardware" in df else "unknown hardware"
     commit = sorted(set(df["commit"].astype(str)))[0][:12] if "commit" in df and len(df) else "?"
@@ -43,11 +49,12 @@ def _finish(fig, df: pd.DataFrame, profile: str, out: str | Path) -> None:
 
 def throughput(training: pd.DataFrame, out, profile: str) -> None:
     """End-to-end training tokens/s per TP communication, with the speedup over BF16."""
+    training = with_series(training)
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
-    order = _order(training.comm)
-    sns.barplot(data=training, x="comm", y="tokens_per_s", order=order, ax=ax, color="#4C72B0", errorbar=None)
+    order = _order(training.series)
+    sns.barplot(data=training, x="series", y="tokens_per_s", order=order, ax=ax, color="#4C72B0", errorbar=None)
     for i, comm in enumerate(order):
-        g = training[training.comm == comm]
+        g = training[training.series == comm]
         ax.annotate(f"{g.speedup_vs_bf16.mean():.2f}x", (i, g.tokens_per_s.mean()), ha="center", va="bottom", fontsize=8)
     first = training.iloc[0]
     ax.set(xlabel="TP communication", ylabel="training tokens / s",
@@ -112,25 +119,25 @@ def convergence(curves: pd.DataFrame, training: pd.DataFrame, out, profile: str)
     """Left: training loss per step (a 10-step moving average) per TP communication, the band
     spanning the seeds.  Right: the paired difference to BF16 (same seed, same step), so that
     curves lying on each other stay visible."""
-    c = curves.sort_values("step").copy()
-    c["loss"] = c.groupby(["comm", "seed"]).loss.transform(lambda s: s.rolling(ROLLING, min_periods=1).mean())
-    seeds = c.groupby("comm").seed.nunique()
-    order, colours, styles = _order(c.comm), palette(c.comm), dashes(c.comm)
+    c = with_series(curves).sort_values("step").copy()
+    c["loss"] = c.groupby(["series", "seed"]).loss.transform(lambda s: s.rolling(ROLLING, min_periods=1).mean())
+    seeds = c.groupby("series").seed.nunique()
+    order, colours, styles = _order(c.series), palette(c.series), dashes(c.series)
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     band = ("pi", 100) if seeds.max() > 1 else None  # min-max over seeds
-    sns.lineplot(data=c, x="step", y="loss", hue="comm", style="comm", hue_order=order, style_order=order,
+    sns.lineplot(data=c, x="step", y="loss", hue="series", style="series", hue_order=order, style_order=order,
                  palette=colours, dashes=styles, errorbar=band, ax=a)
     n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     a.set(ylabel=f"training loss (nats/token), {ROLLING}-step mean",
           title=f"{c.model.iloc[0]}: loss" + (f", band = min-max over {n} seeds" if band else ", one seed"))
     a.title.set_fontsize(8)
-    if "bf16" in set(c.comm):
-        base = c[c.comm == "bf16"].set_index(["seed", "step"]).loss
-        d = c[c.comm != "bf16"].copy()
+    if "bf16" in set(c.series):
+        base = c[c.series == "bf16"].set_index(["seed", "step"]).loss
+        d = c[c.series != "bf16"].copy()
         d["difference"] = d.loss.to_numpy() - base.reindex(pd.MultiIndex.from_frame(d[["seed", "step"]])).to_numpy()
         d = d.dropna(subset=["difference"])
         rest = [x for x in order if x != "bf16"]
-        sns.lineplot(data=d, x="step", y="difference", hue="comm", style="comm", hue_order=rest, style_order=rest,
+        sns.lineplot(data=d, x="step", y="difference", hue="series", style="series", hue_order=rest, style_order=rest,
                      palette=colours, dashes=styles, errorbar=band, ax=b)
         b.axhline(0.0, color="k", lw=0.8)
         b.set(ylabel="loss - BF16's (same seed and step)", title="paired difference to BF16")

@@ -11,7 +11,7 @@ ORIGIN = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "c" * 40, "torch": "2
 
 
 def runs(rows) -> pd.DataFrame:
-    return pd.DataFrame([{**ORIGIN, "comm": c, "seed": s, "final_loss": f, "val_loss": f + 0.1, "tokens_per_s": t}
+    return pd.DataFrame([{**ORIGIN, "comm": c, "series": c, "seed": s, "final_loss": f, "val_loss": f + 0.1, "tokens_per_s": t}
                          for c, s, f, t in rows])
 
 

@@ -55,7 +55,17 @@ def seeds_of(comm):
     return TRAIN["seeds"] if comm in TRAIN["comms"] else ABLATION_SEEDS
 
 
-RUN_DIRS = [run_dir(c, s) for c in RUN_COMMS for s in seeds_of(c)]
+# The compute of the linear layers (fp4quant.train --compute): a run of compute other than
+# exact lives in a folder named "<comm>+<compute>" (the ablations run with exact compute).
+COMPUTES = TRAIN.get("computes", ["exact"])
+
+
+def variant(comm, compute):
+    return comm if compute == "exact" else f"{comm}+{compute}"
+
+
+RUN_VARIANTS = [variant(c, k) for c in RUN_COMMS for k in (COMPUTES if c in TRAIN["comms"] else ["exact"])]
+RUN_DIRS = [run_dir(v, s) for v in RUN_VARIANTS for s in seeds_of(v.partition("+")[0])]
 
 
 def fresh_run(wildcards, args, inputs):

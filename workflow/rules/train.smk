@@ -22,7 +22,10 @@ TRAIN_OPTIONS = ("model", "tp", "compress", "algorithm", "steps", "seq_len", "ba
 
 
 def train_args(wildcards):
-    flags = [f"--comm {wildcards.comm}", f"--seed {wildcards.seed}", f"--data {OUT}/tokens"]
+    comm, _, compute = wildcards.comm.partition("+")  # a run folder "<comm>+<compute>" (common.variant)
+    flags = [f"--comm {comm}", f"--seed {wildcards.seed}", f"--data {OUT}/tokens"]
+    if compute:
+        flags.append(f"--compute {compute}")
     for key in TRAIN_OPTIONS:
         value = TRAIN.get(key)
         flag = "--" + key.replace("_", "-")
