@@ -132,6 +132,7 @@ def _scatter(x: torch.Tensor, dim: int, tp: TPCommunicator) -> torch.Tensor:
     return scatter_to_sp(x.movedim(dim, 0).contiguous(), tp).movedim(0, dim)
 
 
+@torch.compiler.disable  # the collectives run eagerly, in call order: the streams stay the eager run's
 def _replicated_input(x, layout, tp: TPCommunicator, what: str) -> torch.Tensor:
     """The full input of a column-parallel layer; its gradient is reduced (compressed) backward."""
     local, layout = _unwrap(x, layout, what)
@@ -142,6 +143,7 @@ def _replicated_input(x, layout, tp: TPCommunicator, what: str) -> torch.Tensor:
     raise ValueError(f"{what}: input placement {layout} is not supported (Replicate or Shard)")
 
 
+@torch.compiler.disable  # the collectives run eagerly, in call order: the streams stay the eager run's
 def _reduced_output(y: torch.Tensor, layout, tp: TPCommunicator, what: str) -> torch.Tensor:
     """The sum over TP of partial outputs: all-reduce to Replicate or reduce-scatter to Shard."""
     if isinstance(layout, Replicate):
@@ -221,6 +223,7 @@ def _rowwise_forward(module: nn.Module, style: CompressedRowwiseParallel, kind: 
     return _wrap(y, out_layout, mesh, style.use_local_output)
 
 
+@torch.compiler.disable  # the collectives run eagerly, in call order: the streams stay the eager run's
 def _sequence_input(style: CompressedSequenceParallel, tp: TPCommunicator, mod, inputs, mesh):
     x = inputs[0]
     if isinstance(x, DTensor) and isinstance(x.placements[0], Partial):

@@ -103,12 +103,18 @@ def test_fp4quant_compresses_both_directions_and_trains_like_exact():
     assert abs(final[1] - final[0]) < 0.02 * final[0], final
 
 
-def test_torch_compile_runs_forward_and_backward():
-    ranks = run_ranks("parallel.style_jobs:compiled", 2, dict(comm_spec="exact"), timeout=280)
+@pytest.mark.parametrize("comm_spec", ["exact", "fp4quant"])
+def test_torch_compile_runs_forward_and_backward(comm_spec):
+    ranks = run_ranks("parallel.style_jobs:compiled", 2, dict(comm_spec=comm_spec), timeout=280)
     for out in ranks:
-        assert close(out["got"]["logits"], out["ref"]["logits"])
-        for name, g in out["ref"]["grads"].items():
-            assert close(out["got"]["grads"][name], g), name
+        got, ref = out["got"], out["ref"]
+        if comm_spec == "exact":
+            assert close(got["logits"], ref["logits"])
+            for name, g in ref["grads"].items():
+                assert close(got["grads"][name], g), name
+        else:  # compiled kernels round differently in the last bits, which can flip an FP4 code
+            assert nmse(got["logits"], ref["logits"]) < 0.1 * eps(QuantConfig.preset("fp4quant"))
+            assert all(torch.isfinite(g).all() for g in got["grads"].values())
 
 
 def test_bad_input_gets_one_clear_error():
