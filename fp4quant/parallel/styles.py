@@ -259,46 +259,60 @@ class _Compressed:
         return f"{super().__repr__()[:-1]}, comm={self.comm})"
 
 
-class CompressedColwiseParallel(_Compressed, ColwiseParallel):
+class _Sharded(_Compressed):
+    """Colwise / rowwise: the stock partition of nn.Linear / nn.Embedding, then the local forward."""
+
+    def _kind(self, module: nn.Module, mesh: DeviceMesh) -> str:
+        kind = _supported(module, type(self).__name__)
+        check_mesh(mesh)
+        _check_divides(self._sharded_size(module, kind), mesh.size(), f"{type(self).__name__} on {module}", self.unit)
+        return kind
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        kind = self._kind(module, device_mesh)
+        distribute_module(module, device_mesh,
+                          self._partition_linear_fn if kind == "linear" else self._partition_embedding_fn)
+        return self._apply_forward(module, device_mesh)
+
+    def _apply_forward(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        """Install the compressed forward on a module whose parameters are partitioned already
+        (by _apply, or by transformers' loader: fp4quant.parallel.hf_plan)."""
+        kind = self._kind(module, device_mesh)
+        tp = self._communicator(module, device_mesh)
+        module.forward = partial(self._forward, module, self, kind, tp, device_mesh)
+        return module
+
+
+class CompressedColwiseParallel(_Sharded, ColwiseParallel):
     """ColwiseParallel whose input-gradient all-reduce (or, with a sequence-sharded input, the
     all-gather forward and reduce-scatter backward) goes through fp4quant's communicator."""
 
+    _forward = staticmethod(_colwise_forward)
+
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True,
                  comm: CommConfig | str | None = None):
         super().__init__(input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output)
         self._init_comm(comm)
 
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        kind = _supported(module, type(self).__name__)
-        check_mesh(device_mesh)
-        n = module.out_features if kind == "linear" else module.embedding_dim
-        _check_divides(n, device_mesh.size(), f"{type(self).__name__} on {module}", self.unit)
-        tp = self._communicator(module, device_mesh)
-        fn = self._partition_linear_fn if kind == "linear" else self._partition_embedding_fn
-        distribute_module(module, device_mesh, fn)
-        module.forward = partial(_colwise_forward, module, self, kind, tp, device_mesh)
-        return module
+    @staticmethod
+    def _sharded_size(module: nn.Module, kind: str) -> int:
+        return module.out_features if kind == "linear" else module.embedding_dim
 
 
-class CompressedRowwiseParallel(_Compressed, RowwiseParallel):
+class CompressedRowwiseParallel(_Sharded, RowwiseParallel):
     """RowwiseParallel whose forward all-reduce (reduce-scatter to a Shard output, with its
     all-gather backward) goes through fp4quant's communicator."""
 
+    _forward = staticmethod(_rowwise_forward)
+
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True,
                  comm: CommConfig | str | None = None):
         super().__init__(input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output)
         self._init_comm(comm)
 
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        kind = _supported(module, type(self).__name__)
-        check_mesh(device_mesh)
-        n = module.in_features if kind == "linear" else module.num_embeddings
-        _check_divides(n, device_mesh.size(), f"{type(self).__name__} on {module}", self.unit)
-        tp = self._communicator(module, device_mesh)
-        fn = self._partition_linear_fn if kind == "linear" else self._partition_embedding_fn
-        distribute_module(module, device_mesh, fn)
-        module.forward = partial(_rowwise_forward, module, self, kind, tp, device_mesh)
-        return module
+    @staticmethod
+    def _sharded_size(module: nn.Module, kind: str) -> int:
+        return module.in_features if kind == "linear" else module.num_embeddings
 
 
 class CompressedSequenceParallel(_Compressed, SequenceParallel):

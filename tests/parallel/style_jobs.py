@@ -99,7 +99,8 @@ def _full(t):
 def step_results(model, ids, labels, run=None):
     """Logits, loss and full gradients of one forward and backward (``run``: the compiled model)."""
     logits = (model if run is None else run)(ids)
-    loss = F.cross_entropy(_full(logits).reshape(-1, VOCAB), labels.reshape(-1))
+    full = _full(logits)
+    loss = F.cross_entropy(full.reshape(-1, full.shape[-1]), labels.reshape(-1))
     loss.backward()
     grads = {n: _full(p.grad).detach().clone() for n, p in model.named_parameters()}
     return {"logits": _full(logits).detach(), "loss": loss.detach(), "grads": grads}
