@@ -211,3 +211,23 @@ def bad_inputs(rank, world):
     record("rowwise_input", lambda: model(DTensor.from_local(torch.ones(2, 8), mesh, (Replicate(),))))
     dist.barrier()
     return errors
+
+
+def dp_tp(rank, world, comm_spec="exact", per_rank=4):
+    """DP x TP (world / 2 x 2): each DP replica takes its part of the batch, gradients are averaged
+    over DP; against one process on the whole batch."""
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    dp, dp_rank = mesh["dp"].size(), mesh.get_local_rank("dp")
+    ids, labels = batch(b=per_rank * dp)
+    single = step_results(Net(), ids, labels)
+    model = parallelize_module(Net(), mesh["tp"], plan("compressed", comm_spec))
+    start_step(model, 0)
+    part = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+    got = step_results(model, ids[part], labels[part])
+    for p in model.parameters():
+        local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        dist.all_reduce(local, group=mesh["dp"].get_group())
+        local /= dp
+    grads = {n: _full(p.grad) for n, p in model.named_parameters()}
+    return {"single_logits": single["logits"][part], "single_grads": single["grads"], "logits": got["logits"],
+            "grads": grads}

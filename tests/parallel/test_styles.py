@@ -137,3 +137,10 @@ def test_styles_keep_the_stock_arguments():
     col = CompressedColwiseParallel(use_local_output=False, comm="exact")
     assert col.comm == CommConfig() and not col.use_local_output
     assert "comm=" in repr(CompressedRowwiseParallel())
+
+
+def test_dp_x_tp_on_four_ranks_equals_one_process():
+    for out in run_ranks("parallel.style_jobs:dp_tp", 4, dict(comm_spec="exact"), timeout=280):
+        assert close(out["logits"], out["single_logits"])
+        for name, g in out["single_grads"].items():
+            assert close(out["grads"][name], g), name
