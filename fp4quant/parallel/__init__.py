@@ -8,16 +8,29 @@ mappings      the conjugate autograd functions (copy/reduce, gather/scatter)
 compute       ComputeConfig, LinearCompute: the linear layers' GEMMs, exact or Quartet's FP4
 layers        ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
               vocab_parallel_cross_entropy
+styles        CompressedColwiseParallel, CompressedRowwiseParallel, CompressedSequenceParallel:
+              the same traffic through PyTorch's parallelize_module (anyone's model)
+hf_plan       tp_plan(model): the compressed plan of a Hugging Face Qwen2 / Llama model
 """
 
 from .communicator import CommConfig, Route, TPCommunicator
 from .compute import ComputeConfig, LinearCompute
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, vocab_parallel_cross_entropy
+from .hf_plan import register_transformers_styles, tp_plan
 from .mesh import ParallelMesh, init_mesh
+from .styles import (
+    CompressedColwiseParallel,
+    CompressedRowwiseParallel,
+    CompressedSequenceParallel,
+    start_step,
+)
 
 __all__ = [
     "ColumnParallelLinear",
     "CommConfig",
+    "CompressedColwiseParallel",
+    "CompressedRowwiseParallel",
+    "CompressedSequenceParallel",
     "ComputeConfig",
     "LinearCompute",
     "ParallelMesh",
@@ -26,5 +39,8 @@ __all__ = [
     "TPCommunicator",
     "VocabParallelEmbedding",
     "init_mesh",
+    "register_transformers_styles",
+    "start_step",
+    "tp_plan",
     "vocab_parallel_cross_entropy",
 ]

@@ -90,6 +90,11 @@ class TPCommunicator:
         self.rank = dist.get_rank(group) if group is not None and dist.is_initialized() else 0
         self.virtual = False
 
+    def __deepcopy__(self, memo) -> TPCommunicator:
+        # a handle on a process group and the one owner of its streams: shared, never copied
+        # (a deep copy of a model, or of a DeviceMesh that keeps it, as torch.compile's guards make)
+        return self
+
     @classmethod
     def virtual_group(cls, world: int, rank: int = 0) -> TPCommunicator:
         """A stand-in for rank ``rank`` of a group of ``world`` that cannot communicate: for

@@ -94,6 +94,15 @@ class RowParallelLinear(nn.Module):
                 self.bias.copy_(bias)
 
 
+def vocab_shard_lookup(ids: torch.Tensor, weight: torch.Tensor, vocab_start: int, lookup=F.embedding) -> torch.Tensor:
+    """The embeddings of ``ids`` that fall in this rank's rows [vocab_start, vocab_start + rows),
+    zeros for the others: one rank's part of a vocabulary-parallel lookup."""
+    local = ids - vocab_start
+    outside = (local < 0) | (local >= weight.shape[0])
+    out = lookup(local.masked_fill(outside, 0), weight)
+    return out.masked_fill(outside.unsqueeze(-1), 0.0)
+
+
 class VocabParallelEmbedding(nn.Module):
     """Embedding with the vocabulary split over TP: each rank looks up its own rows, zeros
     elsewhere, and the partial embeddings are reduced (or reduce-scattered with SP)."""
@@ -111,10 +120,7 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.world == 1:
             return F.embedding(ids, self.weight)
-        local = ids - self.vocab_start
-        outside = (local < 0) | (local >= self.vocab_local)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
-        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        out = vocab_shard_lookup(ids, self.weight, self.vocab_start)
         return scatter_to_sp(out, self.tp) if self.sequence_parallel else reduce_from_tp(out, self.tp)
 
     def load_full(self, weight: torch.Tensor) -> None:
