@@ -3,10 +3,16 @@
 // argument structs of kernels.h.  The fake (meta) kernels live in fp4quant/ops/_native.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <string>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "cpu/codec_cpu.h"
 #include "kernels.h"
@@ -14,7 +20,7 @@
 #ifdef FP4QUANT_WITH_CUDA
 // c10's CUDA headers need only the CUDA runtime; ATen/cuda/CUDAContext.h would pull in the
 // cuBLAS/cuSPARSE/cuSOLVER headers, which a bare nvcc install (pip's, a minimal toolkit) lacks.
-#include <c10/cuda/CUDAGuard.h>
+// (c10::DeviceGuard finds the CUDA guard that c10_cuda registers.)
 #include <c10/cuda/CUDAStream.h>
 
 #include "cuda/launch.h"
@@ -63,8 +69,19 @@ void check_messages(const at::Tensor& msgs, const Layout& lay, const char* what)
               msgs.scalar_type(), " ", msgs.sizes());
 }
 
+// Team size of the calling thread's most recent parallel region (1: it ran inline), for the
+// test that the kernels really run on torch's threads (a build without OpenMP runs serially).
+thread_local int region_threads = 0;
+
 void torch_parallel_for(int64_t n, int64_t grain, cpu::RangeFn fn, void* ctx) {
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { fn(ctx, begin, end); });
+  std::atomic<int> team{1};
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+#ifdef _OPENMP
+    team.store(omp_get_num_threads(), std::memory_order_relaxed);
+#endif
+    fn(ctx, begin, end);
+  });
+  region_threads = team.load();
 }
 
 // ---- argument building, shared by the CPU and CUDA implementations ----
@@ -149,82 +166,66 @@ ReduceArgs reduce_args(const at::Tensor& msgs, int64_t n, const Config& cfg, con
   return a;
 }
 
-// ---- CPU ----
+// ---- launch on the data's device ----
 
-at::Tensor quantize_cpu(const at::Tensor& x_in, at::IntArrayRef config, const c10::optional<at::Tensor>& signs,
-                        int64_t seed, int64_t offset) {
-  const Config cfg = parse_config(config);
-  const at::Tensor x = x_in.dim() == 2 && x_in.stride(1) == 1 ? x_in : x_in.contiguous();
-  at::Tensor out;
-  Scratch scratch;
-  const QuantizeArgs a = quantize_args(x, cfg, signs, seed, offset, out, scratch);
-  cpu::best_kernels().quantize(a, torch_parallel_for);
-  return out;
-}
-
-at::Tensor dequantize_cpu(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
-                          const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate) {
-  const Config cfg = parse_config(config);
-  const at::Tensor msgs = msgs_in.contiguous();
-  at::Tensor out;
-  const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, saturate, out);
-  cpu::best_kernels().dequantize(a, torch_parallel_for);
-  return out;
-}
-
-at::Tensor dequantize_reduce_cpu(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
-                                 const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool requantize,
-                                 int64_t seed, int64_t offset) {
-  const Config cfg = parse_config(config);
-  const at::Tensor msgs = msgs_in.contiguous();
-  at::Tensor out;
-  Scratch scratch;
-  const ReduceArgs a = reduce_args(msgs, n, cfg, signs, dtype, requantize, seed, offset, out, scratch);
-  cpu::best_kernels().dequantize_reduce(a, torch_parallel_for);
-  return out;
-}
-
-// ---- CUDA ----
+void cpu_launch(const QuantizeArgs& a) { cpu::best_kernels().quantize(a, torch_parallel_for); }
+void cpu_launch(const DequantizeArgs& a) { cpu::best_kernels().dequantize(a, torch_parallel_for); }
+void cpu_launch(const ReduceArgs& a) { cpu::best_kernels().dequantize_reduce(a, torch_parallel_for); }
 
 #ifdef FP4QUANT_WITH_CUDA
-void check_cuda(int err, const char* op) { TORCH_CHECK(err == 0, "fp4quant.", op, ": CUDA error ", err, ": ", cuda::error_string(err)); }
+int cuda_launch(const QuantizeArgs& a, cudaStream_t s) { return cuda::quantize(a, s); }
+int cuda_launch(const DequantizeArgs& a, cudaStream_t s) { return cuda::dequantize(a, s); }
+int cuda_launch(const ReduceArgs& a, cudaStream_t s) { return cuda::dequantize_reduce(a, s); }
+#endif
 
-at::Tensor quantize_cuda(const at::Tensor& x_in, at::IntArrayRef config, const c10::optional<at::Tensor>& signs,
-                         int64_t seed, int64_t offset) {
+// The CPU kernels on torch's thread pool, or the CUDA kernels on the device's current stream
+// (the caller holds a DeviceGuard; the dispatcher sends CUDA tensors here only when built with CUDA).
+template <class Args>
+void launch(const Args& a, const at::Device& device, const char* op) {
+  if (device.is_cpu()) return cpu_launch(a);
+#ifdef FP4QUANT_WITH_CUDA
+  const int err = cuda_launch(a, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  TORCH_CHECK(err == 0, "fp4quant.", op, ": CUDA error ", err, ": ", cuda::error_string(err));
+#else
+  TORCH_CHECK(false, "fp4quant.", op, ": this build has no kernels for ", device);
+#endif
+}
+
+// ---- the ops: one host function each, for CPU and CUDA ----
+
+at::Tensor quantize(const at::Tensor& x_in, at::IntArrayRef config, const c10::optional<at::Tensor>& signs,
+                    int64_t seed, int64_t offset) {
   const Config cfg = parse_config(config);
   const at::Tensor x = x_in.dim() == 2 && x_in.stride(1) == 1 ? x_in : x_in.contiguous();
-  const c10::cuda::CUDAGuard guard(x.device());
+  const c10::DeviceGuard guard(x.device());
   at::Tensor out;
   Scratch scratch;
-  const QuantizeArgs a = quantize_args(x, cfg, signs, seed, offset, out, scratch);
-  check_cuda(cuda::quantize(a, c10::cuda::getCurrentCUDAStream().stream()), "quantize");
+  launch(quantize_args(x, cfg, signs, seed, offset, out, scratch), x.device(), "quantize");
   return out;
 }
 
-at::Tensor dequantize_cuda(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
-                           const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate) {
+at::Tensor dequantize(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
+                      const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate) {
   const Config cfg = parse_config(config);
   const at::Tensor msgs = msgs_in.contiguous();
-  const c10::cuda::CUDAGuard guard(msgs.device());
+  const c10::DeviceGuard guard(msgs.device());
   at::Tensor out;
-  const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, saturate, out);
-  check_cuda(cuda::dequantize(a, c10::cuda::getCurrentCUDAStream().stream()), "dequantize");
+  launch(dequantize_args(msgs, n, cfg, signs, dtype, saturate, out), msgs.device(), "dequantize");
   return out;
 }
 
-at::Tensor dequantize_reduce_cuda(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
-                                  const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool requantize,
-                                  int64_t seed, int64_t offset) {
+at::Tensor dequantize_reduce(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
+                             const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool requantize,
+                             int64_t seed, int64_t offset) {
   const Config cfg = parse_config(config);
   const at::Tensor msgs = msgs_in.contiguous();
-  const c10::cuda::CUDAGuard guard(msgs.device());
+  const c10::DeviceGuard guard(msgs.device());
   at::Tensor out;
   Scratch scratch;
-  const ReduceArgs a = reduce_args(msgs, n, cfg, signs, dtype, requantize, seed, offset, out, scratch);
-  check_cuda(cuda::dequantize_reduce(a, c10::cuda::getCurrentCUDAStream().stream()), "dequantize_reduce");
+  launch(reduce_args(msgs, n, cfg, signs, dtype, requantize, seed, offset, out, scratch), msgs.device(),
+         "dequantize_reduce");
   return out;
 }
-#endif
 
 }  // namespace
 }  // namespace fp4q
@@ -238,16 +239,16 @@ TORCH_LIBRARY(fp4quant, m) {
 }
 
 TORCH_LIBRARY_IMPL(fp4quant, CPU, m) {
-  m.impl("quantize", &fp4q::quantize_cpu);
-  m.impl("dequantize", &fp4q::dequantize_cpu);
-  m.impl("dequantize_reduce", &fp4q::dequantize_reduce_cpu);
+  m.impl("quantize", &fp4q::quantize);
+  m.impl("dequantize", &fp4q::dequantize);
+  m.impl("dequantize_reduce", &fp4q::dequantize_reduce);
 }
 
 #ifdef FP4QUANT_WITH_CUDA
 TORCH_LIBRARY_IMPL(fp4quant, CUDA, m) {
-  m.impl("quantize", &fp4q::quantize_cuda);
-  m.impl("dequantize", &fp4q::dequantize_cuda);
-  m.impl("dequantize_reduce", &fp4q::dequantize_reduce_cuda);
+  m.impl("quantize", &fp4q::quantize);
+  m.impl("dequantize", &fp4q::dequantize);
+  m.impl("dequantize_reduce", &fp4q::dequantize_reduce);
 }
 #endif
 
@@ -258,6 +259,8 @@ TORCH_LIBRARY_IMPL(fp4quant, CUDA, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fp4quant native kernels (ops registered under torch.ops.fp4quant)";
   m.def("cpu_isa", []() { return std::string(fp4q::cpu::best_kernels().isa); }, "instruction set of the CPU kernels in use");
+  m.def("last_parallel_threads", []() { return fp4q::region_threads; },
+        "threads the calling thread's most recent CPU kernel region ran on (0: none yet)");
 #ifdef FP4QUANT_WITH_CUDA
   m.attr("with_cuda") = true;
 #else

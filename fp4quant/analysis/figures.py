@@ -58,17 +58,35 @@ def throughput(training: pd.DataFrame, out, profile: str) -> None:
 
 
 def kernels(df: pd.DataFrame, out, profile: str) -> None:
-    """Kernel throughput vs input size, with torch.clone (the copy ceiling) dashed."""
-    native = df[df.impl.isin(["native", "reference", "torchao"])].copy()
-    native["series"] = native.preset.where(native.impl == "native", native.impl + " " + native.preset)
-    ops = [o for o in ("quantize", "dequantize", "dequantize_reduce") if o in set(native.op)]
-    fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.4), sharey=True, squeeze=False)
-    clone = df[df.op == "clone"].sort_values("size_bytes")
-    for ax, op in zip(axes[0], ops):
-        d = native[native.op == op]
-        sns.lineplot(data=d, x="size_bytes", y="gbps", hue="series", marker="o", ax=ax, hue_order=_order(d.series))
-        ax.plot(clone.size_bytes, clone.gbps, "k--", label="torch.clone")
-        ax.set(xscale="log", yscale="log", xlabel="input bytes (float32)", ylabel="GB/s of input", title=op)
+    """Kernel throughput vs input size on all threads (median, bars: slowest..fastest run), under
+    the memory-bound limit from a prefaulted copy (dashed); below, each as a fraction of it."""
+    threads = int(df.threads.max()) if "threads" in df else None
+    d = df[df.threads == threads] if threads is not None else df
+    measured = d[d.impl.isin(["native", "reference", "torchao"])].copy()
+    measured["series"] = measured.preset.where(measured.impl == "native", measured.impl + " " + measured.preset)
+    ops = [o for o in ("quantize", "dequantize", "dequantize_reduce") if o in set(measured.op)]
+    has_limit = "limit_gbps" in measured
+    fig, axes = plt.subplots(2 if has_limit else 1, len(ops), figsize=(4.2 * len(ops), 6.4 if has_limit else 3.4),
+                             sharex=True, squeeze=False)
+    palette = dict(zip(_order(measured.series), sns.color_palette("tab10", measured.series.nunique())))
+    for col, op in enumerate(ops):
+        o = measured[measured.op == op]
+        ax = axes[0][col]
+        for series in _order(o.series):
+            s = o[o.series == series].sort_values("size_bytes")
+            err = [s.gbps - s.gbps_min, s.gbps_max - s.gbps] if "gbps_min" in s else None
+            ax.errorbar(s.size_bytes, s.gbps, yerr=err, marker="o", ms=3, lw=1, capsize=2, color=palette[series],
+                        label=series)
+            if has_limit:
+                axes[1][col].plot(s.size_bytes, s.fraction, marker="o", ms=3, lw=1, color=palette[series])
+        if has_limit:
+            ref = o[(o.impl == "native") & (o.preset == "fp4quant")].sort_values("size_bytes")
+            ax.plot(ref.size_bytes, ref.limit_gbps, "k--", label="memory-bound limit (fp4quant's bytes)")
+            axes[1][col].axhline(1.0, color="k", ls="--", lw=0.8)
+            axes[1][col].set(xscale="log", yscale="log", xlabel="input bytes (float32)", ylabel="fraction of the limit")
+        ax.set(xscale="log", yscale="log", ylabel="GB/s of input", title=f"{op}, {threads} threads")
+        if not has_limit:
+            ax.set(xlabel="input bytes (float32)")
         ax.legend(fontsize=6)
     _finish(fig, df, profile, out)
 
