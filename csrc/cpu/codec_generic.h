@@ -61,13 +61,18 @@ void quantize_spans(void* ctx, int64_t s0, int64_t s1) {
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * W, len = span_len(a.lay, s);
     int e = r.tensor_e;
+    float amax = kUnknownAmax;
     if (prepared) {
       std::memcpy(b, a.workspace + r.row * a.lay.padded + first, sizeof(float) * len);
     } else {
-      load_values(row_ptr(a, r.row), a.x_dtype, first, len, a.lay.n, b);
-      e = normalize_and_transform(a.cfg, b, len, a.signs, a.transform, r.tensor_e, r.inv_sqrt);
+      // a group's exponent needs the raw amax: loading computes it on the way
+      const bool group_e = a.cfg.coarse == kCoarseGroup || (a.cfg.coarse == kCoarseNone && a.cfg.fwht && a.transform);
+      float raw = kUnknownAmax;
+      if (group_e) raw = load_values_amax(row_ptr(a, r.row), a.x_dtype, first, len, a.lay.n, b);
+      else load_values(row_ptr(a, r.row), a.x_dtype, first, len, a.lay.n, b);
+      e = normalize_and_transform(a.cfg, b, len, a.signs, a.transform, r.tensor_e, r.inv_sqrt, raw, &amax);
     }
-    encode_prepared(a.cfg, a.lay, b, first, len, e, r.tensor_c, msg, a.key, row_ctr + uint64_t(first), 1.0f);
+    encode_prepared(a.cfg, a.lay, b, first, len, e, r.tensor_c, msg, a.key, row_ctr + uint64_t(first), 1.0f, amax);
   }
 }
 

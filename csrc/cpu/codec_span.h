@@ -51,6 +51,17 @@ inline void load_values(const void* x, int32_t dtype, int64_t first, int64_t cou
   for (int64_t i = valid; i < count; ++i) buf[i] = 0.0f;  // zero padding
 }
 
+inline float finite_amax(const float* b, int64_t n);
+
+// load_values, returning the finite amax of what it loaded (fused into the load on AVX-512).
+inline float load_values_amax(const void* x, int32_t dtype, int64_t first, int64_t count, int64_t total, float* buf) {
+#if defined(FP4Q_AVX512)
+  if (count <= total - first && count % 16 == 0) return avx512::load_values_amax(x, dtype, first, count, buf);
+#endif
+  load_values(x, dtype, first, count, total, buf);
+  return finite_amax(buf, count);
+}
+
 // Round to the dtype, saturating at its finite range or not (fp4quant.h: out_f32).
 inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate) {
 #if defined(FP4Q_AVX512)
@@ -130,19 +141,40 @@ inline void inverse_fwht(float* b, int64_t n, const float* signs, float inv_sqrt
   if (signs) multiply(b, signs, n);
 }
 
+// A span's finite amax when an earlier step already knows it; kUnknownAmax when not.
+constexpr float kUnknownAmax = -1.0f;
+
 // Steps 1-3 on a loaded span: normalize by 2**-e (e from the span, a group, or the tensor's),
 // then the FWHT; without a coarse scale the transformed group is multiplied by 2**e again
-// (saturating).  Returns e.
+// (saturating).  Returns e.  raw_amax: the loaded span's finite amax, if known; *amax_after
+// (if asked): the result's, or kUnknownAmax.
 inline int normalize_and_transform(const Config& cfg, float* b, int64_t S, const float* signs, bool transform,
-                                   int tensor_e, float inv_sqrt) {
+                                   int tensor_e, float inv_sqrt, float raw_amax = kUnknownAmax,
+                                   float* amax_after = nullptr) {
   const bool fwht = cfg.fwht && transform;
   const bool group_e = cfg.coarse == kCoarseGroup || (cfg.coarse == kCoarseNone && fwht);  // the span is a group
   int e = 0;
-  if (group_e) e = normalizing_exponent(finite_amax(b, S));
+  if (group_e) e = normalizing_exponent(raw_amax >= 0.0f ? raw_amax : finite_amax(b, S));
   if (cfg.coarse == kCoarseTensor) e = tensor_e;
-  if (cfg.coarse != kCoarseNone || fwht) scale_by(b, S, pow2(-e));
-  if (fwht) forward_fwht(b, S, signs, inv_sqrt);
-  if (cfg.coarse == kCoarseNone && fwht) scale_saturating(b, S, pow2(e));
+  const bool saturate = cfg.coarse == kCoarseNone && fwht;
+  float after = kUnknownAmax;
+  bool done = false;
+#if defined(FP4Q_AVX512)
+  if (fwht && S % 16 == 0) {
+    const float a = avx512::fwht_fused(b, S, avx512::FwhtOps{true, pow2(-e), signs, inv_sqrt, nullptr, false, 1.0f, !saturate});
+    if (!saturate) after = a;
+    done = true;
+  }
+#endif
+  if (!done) {
+    if (cfg.coarse != kCoarseNone || fwht) scale_by(b, S, pow2(-e));
+    if (fwht) forward_fwht(b, S, signs, inv_sqrt);
+    // max(round(x * 2**-e)) == round(max(x) * 2**-e): rounding is monotonic, and a group's
+    // 2**-e maps its amax into [1, 4) (no overflow)
+    if (!fwht && cfg.coarse == kCoarseGroup && raw_amax >= 0.0f) after = raw_amax * pow2(-e);
+  }
+  if (saturate) scale_saturating(b, S, pow2(e));
+  if (amax_after) *amax_after = after;
   return e;
 }
 
@@ -152,11 +184,13 @@ inline void store_u32_le(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 // ctr0: the stochastic-rounding counter of the span's first value.
 // b holds the span's len values, the message's values first .. first+len-1.  sum_scale:
 // 2**E when b is a sum normalized by 2**-E (dequantize_reduce), else 1.
+// known_amax: b's finite amax when already known (else kUnknownAmax).
 inline void encode_prepared(const Config& cfg, const Layout& lay, const float* b, int64_t first, int64_t S, int e,
-                            float tensor_c, uint8_t* msg, uint32_t key, uint64_t ctr0, float sum_scale) {
+                            float tensor_c, uint8_t* msg, uint32_t key, uint64_t ctr0, float sum_scale,
+                            float known_amax = kUnknownAmax) {
   float c = tensor_c;
   if (cfg.coarse == kCoarseGroup) {  // a span is exactly one group
-    c = finite_amax(b, S) / coarse_divisor(cfg);
+    c = (known_amax >= 0.0f ? known_amax : finite_amax(b, S)) / coarse_divisor(cfg);
     store_u32_le(msg + 4 * (first / cfg.group), f2u((c * pow2(e)) * sum_scale));
   }
   const int64_t M = cfg.micro_group;
@@ -263,6 +297,12 @@ inline void decode_span(const Config& cfg, const Layout& lay, const uint8_t* msg
 
 // Decoded (normalized, transformed) values -> values: the inverse FWHT, then 2**E.
 inline void finish_span(const Config& cfg, float* b, int64_t S, int E, const float* signs, float inv_sqrt) {
+#if defined(FP4Q_AVX512)
+  if (cfg.fwht && S % 16 == 0) {
+    avx512::fwht_fused(b, S, avx512::FwhtOps{false, 1.0f, nullptr, inv_sqrt, signs, decode_normalizes(cfg), pow2(E), false});
+    return;
+  }
+#endif
   if (cfg.fwht) inverse_fwht(b, S, signs, inv_sqrt);
   if (decode_normalizes(cfg)) scale_by(b, S, pow2(E));
 }

@@ -59,6 +59,126 @@ inline void butterflies(float* b, int64_t n) {
   }
 }
 
+// R registers r[0..R) of 16 values each, R/2 .. 1 apart in a block: the butterfly stages of
+// strides 16 * (1, 2, .. R/2) across them (lower + upper, lower - upper: as butterflies()).
+template <int R>
+inline void stages_across(__m512* r) {
+  for (int m = 1; m < R; m *= 2) {
+    for (int k = 0; k < R; ++k) {
+      if (k & m) continue;
+      const __m512 a = r[k], c = r[k + m];
+      r[k] = _mm512_add_ps(a, c);
+      r[k + m] = _mm512_sub_ps(a, c);
+    }
+  }
+}
+
+inline void stages_in_register(__m512* r, int count) {
+  const __m512i x1 = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  const __m512i x2 = _mm512_set_epi32(13, 12, 15, 14, 9, 8, 11, 10, 5, 4, 7, 6, 1, 0, 3, 2);
+  const __m512i x4 = _mm512_set_epi32(11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4);
+  const __m512i x8 = _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
+  for (int k = 0; k < count; ++k) {
+    __m512 v = r[k];
+    v = stage_in_register(v, x1, 0xAAAA);
+    v = stage_in_register(v, x2, 0xCCCC);
+    v = stage_in_register(v, x4, 0xF0F0);
+    r[k] = stage_in_register(v, x8, 0xFF00);
+  }
+}
+
+// What a fused transform does around its butterflies, to each value, in this order:
+// before, times `pre` then times its sign; after, times `post`, then its sign, then times `f`
+// (each only where asked); `amax`: return the finite amax of the result.
+struct FwhtOps {
+  bool pre_on;
+  float pre;
+  const float* pre_signs;
+  float post;
+  const float* post_signs;
+  bool f_on;
+  float f;
+  bool amax;
+};
+
+inline __m512 before(__m512 v, const FwhtOps& o, int64_t at) {
+  if (o.pre_on) v = _mm512_mul_ps(v, _mm512_set1_ps(o.pre));
+  if (o.pre_signs) v = _mm512_mul_ps(v, _mm512_loadu_ps(o.pre_signs + at));
+  return v;
+}
+
+inline __m512 after(__m512 v, const FwhtOps& o, int64_t at, __m512& m) {
+  v = _mm512_mul_ps(v, _mm512_set1_ps(o.post));
+  if (o.post_signs) v = _mm512_mul_ps(v, _mm512_loadu_ps(o.post_signs + at));
+  if (o.f_on) v = _mm512_mul_ps(v, _mm512_set1_ps(o.f));
+  if (o.amax) {
+    const __m512 a = abs_ps(v);
+    m = _mm512_mask_max_ps(m, finite_mask(a), m, a);
+  }
+  return v;
+}
+
+// One pass over n values of the stages h, 2h, .. h * (R/2) (h >= 16), R registers at a time;
+// `last`: the stages end here, then the `after` operations.
+template <int R>
+inline void stages_pass(float* b, int64_t n, int64_t h, bool last, const FwhtOps& o, __m512& m) {
+  for (int64_t i = 0; i < n; i += R * h) {
+    for (int64_t j = 0; j < h; j += 16) {
+      __m512 r[R];
+      for (int k = 0; k < R; ++k) r[k] = _mm512_loadu_ps(b + i + j + k * h);
+      stages_across<R>(r);
+      for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + j + k * h, last ? after(r[k], o, i + j + k * h, m) : r[k]);
+    }
+  }
+}
+
+// The FWHT on n values (a power of two >= 16) with the operations around it fused into few
+// passes: the same IEEE operations on each value as the separate loops (scale_by, multiply,
+// butterflies) in turn.  The first pass does strides 1 .. 64 (128 values, in registers), then
+// each pass 2, 4 or 8 strides.  Returns the finite amax of the result when o.amax.
+inline float fwht_fused(float* b, int64_t n, const FwhtOps& o) {
+  const int64_t block = n < 128 ? n : 128;
+  const int R = int(block / 16);
+  const bool last = block == n;
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += block) {
+    __m512 r[8];
+    for (int k = 0; k < R; ++k) r[k] = before(_mm512_loadu_ps(b + i + 16 * k), o, i + 16 * k);
+    stages_in_register(r, R);
+    if (R == 8) stages_across<8>(r);
+    if (R == 4) stages_across<4>(r);
+    if (R == 2) stages_across<2>(r);
+    for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + 16 * k, last ? after(r[k], o, i + 16 * k, m) : r[k]);
+  }
+  for (int64_t h = 128; h < n;) {
+    const int64_t left = n / h;  // strides h .. n/2 remain: log2(left) stages
+    const int radix = left >= 8 && left != 16 ? 8 : (left >= 4 ? 4 : 2);
+    if (radix == 8) stages_pass<8>(b, n, h, left == 8, o, m);
+    if (radix == 4) stages_pass<4>(b, n, h, left == 4, o, m);
+    if (radix == 2) stages_pass<2>(b, n, h, left == 2, o, m);
+    h *= radix;
+  }
+  return o.amax ? _mm512_reduce_max_ps(m) : 0.0f;
+}
+
+// Loading fused with the finite amax of what was loaded (count a multiple of 16, every value exists).
+inline float load_values_amax(const void* x, int32_t dtype, int64_t first, int64_t count, float* buf) {
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < count; i += 16) {
+    __m512 v;
+    if (dtype == kF32) {
+      v = _mm512_loadu_ps(static_cast<const float*>(x) + first + i);
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + first + i));
+      v = dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+    }
+    _mm512_storeu_ps(buf + i, v);
+    const __m512 a = abs_ps(v);
+    m = _mm512_mask_max_ps(m, finite_mask(a), m, a);
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
 inline void load_values(const void* x, int32_t dtype, int64_t first, int64_t count, float* buf) {
   // count is a multiple of 16 and every value exists
   if (dtype == kF32) {
@@ -210,6 +330,48 @@ inline void e4m3_micro_scales(const float* amax, __mmask16 finite, float c, bool
   _mm512_storeu_ps(r, rv);
 }
 
+// Lane k: the largest of the 16 lanes of a[k], for 16 registers of non-negative float bits
+// compared as unsigned integers (the order of the floats, with +inf and then NaN above every
+// finite value).  A tree of 15 maxima: each level halves the lanes a group keeps.
+inline __m512i group_max_bits(const __m512i* a) {
+  __m512i l1[8], l2[4], l3[2];
+  for (int k = 0; k < 8; ++k)  // 256-bit halves: group 2k in lanes 0-7, 2k+1 in 8-15
+    l1[k] = _mm512_max_epu32(_mm512_shuffle_i32x4(a[2 * k], a[2 * k + 1], 0x44),
+                             _mm512_shuffle_i32x4(a[2 * k], a[2 * k + 1], 0xEE));
+  for (int k = 0; k < 4; ++k)  // 128-bit blocks: group 4k + j in block j
+    l2[k] = _mm512_max_epu32(_mm512_shuffle_i32x4(l1[2 * k], l1[2 * k + 1], 0x88),
+                             _mm512_shuffle_i32x4(l1[2 * k], l1[2 * k + 1], 0xDD));
+  const __m512i lo3 = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+  const __m512i hi3 = _mm512_add_epi32(lo3, _mm512_set1_epi32(2));
+  for (int k = 0; k < 2; ++k)  // lane pairs: group 8k + j in lanes 2j, 2j+1
+    l3[k] = _mm512_max_epu32(_mm512_permutex2var_epi32(l2[2 * k], lo3, l2[2 * k + 1]),
+                             _mm512_permutex2var_epi32(l2[2 * k], hi3, l2[2 * k + 1]));
+  const __m512i lo4 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i hi4 = _mm512_add_epi32(lo4, _mm512_set1_epi32(1));
+  return _mm512_max_epu32(_mm512_permutex2var_epi32(l3[0], lo4, l3[1]), _mm512_permutex2var_epi32(l3[0], hi4, l3[1]));
+}
+
+// The micro-group maxima and finiteness of `count` micro-groups (16 values each) at b.
+inline void group_amax(const float* b, int64_t count, float* amax, __mmask16& finite) {
+  if (count == 16) {
+    __m512i a[16];
+    for (int k = 0; k < 16; ++k) a[k] = _mm512_and_si512(_mm512_loadu_si512(b + 16 * k), _mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i m = group_max_bits(a);
+    finite = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x7F800000));
+    _mm512_storeu_si512(amax, _mm512_maskz_mov_epi32(finite, m));
+    return;
+  }
+  finite = 0;
+  for (int64_t k = 0; k < 16; ++k) amax[k] = 0.0f;
+  for (int64_t k = 0; k < count; ++k) {
+    const __m512 a = abs_ps(_mm512_loadu_ps(b + 16 * k));
+    if (finite_mask(a) == 0xFFFF) {
+      finite = __mmask16(finite | (1u << k));
+      amax[k] = _mm512_reduce_max_ps(a);
+    }
+  }
+}
+
 // A span of FP4 values with E4M3 micro-scales over 16 values: micro-scales into `scales`,
 // packed codes into `codes` (the span's slices of the message).  Stochastic rounding uses
 // the counters ctr0 + i of the span's values.
@@ -218,16 +380,10 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
   const int64_t micros = len / 16;
   for (int64_t j0 = 0; j0 < micros; j0 += 16) {
     const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
-    alignas(64) float amax[16] = {0};
+    alignas(64) float amax[16];
     alignas(64) float r[16];
-    __mmask16 finite = 0;
-    for (int64_t k = 0; k < count; ++k) {
-      const __m512 a = abs_ps(_mm512_loadu_ps(b + 16 * (j0 + k)));
-      if (finite_mask(a) == 0xFFFF) {
-        finite = __mmask16(finite | (1u << k));
-        amax[k] = _mm512_reduce_max_ps(a);
-      }
-    }
+    __mmask16 finite;
+    group_amax(b + 16 * j0, count, amax, finite);
     e4m3_micro_scales(amax, finite, c, cfg.coarse != kCoarseNone, cfg.scale_round, scales + j0, r, count);
     for (int64_t k = 0; k < count; ++k) {
       uint8_t* out = codes + 8 * (j0 + k);
