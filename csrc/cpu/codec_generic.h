@@ -21,15 +21,11 @@ constexpr int64_t kMaxSegment = 1 << 16;  // QuantConfig.group <= 2**16
 
 struct Scratch {
   float* a = new float[kMaxSegment];
-  float* b = new float[kMaxSegment];
-  ~Scratch() {
-    delete[] a;
-    delete[] b;
-  }
+  ~Scratch() { delete[] a; }
 };
 
 inline Scratch& scratch() {
-  static thread_local Scratch s;  // two spans per thread, on the heap
+  static thread_local Scratch s;  // one span per thread, on the heap
   return s;
 }
 
@@ -190,19 +186,15 @@ inline int sum_exponent(const ReduceArgs& a, int64_t first, int64_t len) {
 }
 
 // Sum of the world's messages over one span against 2**-E, in the transformed domain, row order.
-inline void reduce_span(const ReduceArgs& a, int64_t first, int64_t len, int E, float* acc, float* tmp) {
+inline void reduce_span(const ReduceArgs& a, int64_t first, int64_t len, int E, float* acc) {
   decode_span(a.cfg, a.lay, a.msgs, first, len, acc, E);
-  for (int64_t w = 1; w < a.world; ++w) {
-    decode_span(a.cfg, a.lay, a.msgs + w * a.lay.nbytes, first, len, tmp, E);
-    for (int64_t i = 0; i < len; ++i) acc[i] = acc[i] + tmp[i];
-  }
+  for (int64_t w = 1; w < a.world; ++w) decode_span(a.cfg, a.lay, a.msgs + w * a.lay.nbytes, first, len, acc, E, true);
 }
 
 void reduce_spans(void* ctx, int64_t s0, int64_t s1) {
   const ReduceRun& r = *static_cast<const ReduceRun*>(ctx);
   const ReduceArgs& a = *r.a;
-  Scratch& sc = scratch();
-  float* acc = sc.a;
+  float* acc = scratch().a;
   const bool tensor = a.cfg.coarse == kCoarseTensor;
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
@@ -211,7 +203,7 @@ void reduce_spans(void* ctx, int64_t s0, int64_t s1) {
       std::memcpy(acc, a.workspace + first, sizeof(float) * len);
       scale_by(acc, len, pow2(-r.tensor_e));
     } else {
-      reduce_span(a, first, len, E, acc, sc.b);
+      reduce_span(a, first, len, E, acc);
     }
     if (a.requantize) {
       // a coarse scale carries 2**E; without one the values get it back (saturating)
@@ -233,7 +225,7 @@ void reduce_into_workspace(void* ctx, int64_t s0, int64_t s1) {
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
     float* acc = a.workspace + first;
-    reduce_span(a, first, len, r.tensor_E, acc, scratch().b);
+    reduce_span(a, first, len, r.tensor_E, acc);
     r.partial_amax[s] = finite_amax(acc, len);
   }
 }

@@ -154,7 +154,10 @@ inline int normalize_and_transform(const Config& cfg, float* b, int64_t S, const
   const bool fwht = cfg.fwht && transform;
   const bool group_e = cfg.coarse == kCoarseGroup || (cfg.coarse == kCoarseNone && fwht);  // the span is a group
   int e = 0;
-  if (group_e) e = normalizing_exponent(raw_amax >= 0.0f ? raw_amax : finite_amax(b, S));
+  if (group_e) {
+    if (raw_amax < 0.0f) raw_amax = finite_amax(b, S);
+    e = normalizing_exponent(raw_amax);
+  }
   if (cfg.coarse == kCoarseTensor) e = tensor_e;
   const bool saturate = cfg.coarse == kCoarseNone && fwht;
   float after = kUnknownAmax;
@@ -264,33 +267,48 @@ inline int block_exponent(const Config& cfg, const Layout& lay, const uint8_t* m
 }
 
 // Decode one span of a message into b (S values, padding included) in the transformed
-// domain, against 2**-E where decode_normalizes(cfg): code * m * (c * 2**-E).
+// domain, against 2**-E where decode_normalizes(cfg): code * m * (c * 2**-E).  accumulate:
+// add the decoded values to b instead (b + decoded, as a sum of spans in row order).
 inline void decode_span(const Config& cfg, const Layout& lay, const uint8_t* msg, int64_t first, int64_t S, float* b,
-                        int E) {
+                        int E, bool accumulate = false) {
   float f = 1.0f;
   if (cfg.coarse == kCoarseGroup) f = read_f32_le(msg + 4 * (first / cfg.group));
   if (cfg.coarse == kCoarseTensor) f = read_f32_le(msg);
   if (decode_normalizes(cfg)) f = f * pow2(-E);
   const int64_t M = cfg.micro_group;
+#if defined(FP4Q_AVX512)
+  if (cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && M == 16) {
+    avx512::decode_fp4_e4m3_span(msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2, S / 16, f, b,
+                                 accumulate);
+    return;
+  }
+#endif
+  float tmp[64];
   for (int64_t j = 0; j < S / M; ++j) {
     const float s = decode_micro(cfg, micro_stored(lay, msg, first / M + j), f);
     const int64_t at = first + j * M;
-    float* v = b + j * M;
+    for (int64_t i0 = 0; i0 < M; i0 += 64) {
+      const int64_t cnt = M - i0 < 64 ? M - i0 : 64;
+      float* v = accumulate ? tmp : b + j * M + i0;
 #if defined(FP4Q_AVX512)
-    if (cfg.element == kE2M1 && M == 16) {
-      _mm512_storeu_ps(v, avx512::e2m1_decode(msg + lay.codes_off + at / 2, s));
-      continue;
-    }
+      if (cfg.element == kE2M1 && M == 16) {
+        _mm512_storeu_ps(v, avx512::e2m1_decode(msg + lay.codes_off + at / 2, s));
+      } else
 #endif
-    if (element_bits(cfg.element) == 4) {
-      const uint8_t* in = msg + lay.codes_off + at / 2;
-      for (int64_t i = 0; i < M / 2; ++i) {
-        v[2 * i] = element_value(cfg.element, in[i] & 0xFu) * s;
-        v[2 * i + 1] = element_value(cfg.element, in[i] >> 4) * s;
+      if (element_bits(cfg.element) == 4) {
+        const uint8_t* in = msg + lay.codes_off + (at + i0) / 2;
+        for (int64_t i = 0; i < cnt / 2; ++i) {
+          v[2 * i] = element_value(cfg.element, in[i] & 0xFu) * s;
+          v[2 * i + 1] = element_value(cfg.element, in[i] >> 4) * s;
+        }
+      } else {
+        const uint8_t* in = msg + lay.codes_off + at + i0;
+        for (int64_t i = 0; i < cnt; ++i) v[i] = element_value(cfg.element, in[i]) * s;
       }
-    } else {
-      const uint8_t* in = msg + lay.codes_off + at;
-      for (int64_t i = 0; i < M; ++i) v[i] = element_value(cfg.element, in[i]) * s;
+      if (accumulate) {
+        float* acc = b + j * M + i0;
+        for (int64_t i = 0; i < cnt; ++i) acc[i] = acc[i] + tmp[i];
+      }
     }
   }
 }

@@ -409,6 +409,38 @@ inline __m512 e2m1_decode(const uint8_t* in, float s) {
   return _mm512_mul_ps(_mm512_permutexvar_ps(idx, table), _mm512_set1_ps(s));
 }
 
+// fp4q::e4m3_value of 16 bytes: normal values built from their fields (exact), subnormals as
+// mant * 2**-9, the sign by its bit (-0 included), NaN bytes as the positive quiet NaN.
+inline __m512 e4m3_values(__m128i bytes) {
+  const __m512i b = _mm512_cvtepu8_epi32(bytes);
+  const __m512i exp = _mm512_and_si512(_mm512_srli_epi32(b, 3), _mm512_set1_epi32(15));
+  const __m512i mant = _mm512_and_si512(b, _mm512_set1_epi32(7));
+  const __m512i normal = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(exp, _mm512_set1_epi32(120)), 23),
+                                         _mm512_slli_epi32(mant, 20));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mant), _mm512_set1_ps(0.001953125f));
+  __m512i v = _mm512_mask_mov_epi32(normal, _mm512_testn_epi32_mask(exp, exp), _mm512_castps_si512(sub));
+  v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24));
+  const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7F)), _mm512_set1_epi32(0x7F));
+  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC00000)));
+}
+
+// `micros` micro-groups of FP4 codes under E4M3 micro-scales into b (or added to b):
+// code value * (micro-scale * f), as decode_span.
+inline void decode_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, float* b,
+                                 bool accumulate) {
+  for (int64_t j0 = 0; j0 < micros; j0 += 16) {
+    const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
+    const __m128i bytes = _mm_maskz_loadu_epi8(__mmask16((1u << count) - 1u), scales + j0);
+    alignas(64) float s[16];
+    _mm512_store_ps(s, _mm512_mul_ps(e4m3_values(bytes), _mm512_set1_ps(f)));
+    for (int64_t k = 0; k < count; ++k) {
+      float* out = b + 16 * (j0 + k);
+      const __m512 v = e2m1_decode(codes + 8 * (j0 + k), s[k]);
+      _mm512_storeu_ps(out, accumulate ? _mm512_add_ps(_mm512_loadu_ps(out), v) : v);
+    }
+  }
+}
+
 }  // namespace avx512
 }  // namespace
 }  // namespace cpu
