@@ -118,6 +118,7 @@ QuantizeArgs quantize_args(const at::Tensor& x, const Config& cfg, const c10::op
   const bool tensor = cfg.coarse == kCoarseTensor;
   const bool needs_workspace = tensor && cfg.fwht;
   scratch.workspace = at::empty({needs_workspace ? x.size(0) * lay.padded : 0}, x.options().dtype(at::kFloat));
+  prefer_huge_pages(scratch.workspace);
   scratch.words = at::zeros({tensor ? 2 * x.size(0) : 0}, x.options().dtype(at::kInt));
   QuantizeArgs a{};
   a.cfg = cfg;
@@ -167,6 +168,7 @@ ReduceArgs reduce_args(const at::Tensor& msgs, int64_t n, const Config& cfg, con
   prefer_huge_pages(out);
   const bool needs_workspace = requantize && cfg.coarse == kCoarseTensor;
   scratch.workspace = at::empty({needs_workspace ? lay.padded : 0}, msgs.options().dtype(at::kFloat));
+  prefer_huge_pages(scratch.workspace);
   scratch.words = at::zeros({needs_workspace ? 2 : 0}, msgs.options().dtype(at::kInt));
   ReduceArgs a{};
   a.cfg = cfg;

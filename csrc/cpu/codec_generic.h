@@ -80,8 +80,7 @@ void tensor_raw_amax(void* ctx, int64_t s0, int64_t s1) {
   float* b = scratch().a;
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t len = span_len(a.lay, s);
-    load_values(row_ptr(a, r.row), a.x_dtype, s * span_values(a.lay), len, a.lay.n, b);
-    r.partial_amax[s] = finite_amax(b, len);
+    r.partial_amax[s] = load_values_amax(row_ptr(a, r.row), a.x_dtype, s * span_values(a.lay), len, a.lay.n, b);
   }
 }
 
@@ -92,8 +91,9 @@ void tensor_transform(void* ctx, int64_t s0, int64_t s1) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
     float* b = a.workspace + r.row * a.lay.padded + first;
     load_values(row_ptr(a, r.row), a.x_dtype, first, len, a.lay.n, b);
-    normalize_and_transform(a.cfg, b, len, a.signs, true, r.tensor_e, r.inv_sqrt);
-    r.partial_amax[s] = finite_amax(b, len);
+    float amax = kUnknownAmax;
+    normalize_and_transform(a.cfg, b, len, a.signs, true, r.tensor_e, r.inv_sqrt, kUnknownAmax, &amax);
+    r.partial_amax[s] = amax >= 0.0f ? amax : finite_amax(b, len);
   }
 }
 
@@ -199,12 +199,8 @@ void reduce_spans(void* ctx, int64_t s0, int64_t s1) {
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
     const int E = tensor ? r.tensor_E : sum_exponent(a, first, len);
-    if (a.requantize && tensor) {  // summed by the pre-pass
-      std::memcpy(acc, a.workspace + first, sizeof(float) * len);
-      scale_by(acc, len, pow2(-r.tensor_e));
-    } else {
-      reduce_span(a, first, len, E, acc);
-    }
+    reduce_span(a, first, len, E, acc);  // again after the pre-pass: cheaper than keeping the sum
+    if (a.requantize && tensor) scale_by(acc, len, pow2(-r.tensor_e));
     if (a.requantize) {
       // a coarse scale carries 2**E; without one the values get it back (saturating)
       if (a.cfg.coarse == kCoarseNone && decode_normalizes(a.cfg)) scale_saturating(acc, len, pow2(E));
@@ -219,12 +215,13 @@ void reduce_spans(void* ctx, int64_t s0, int64_t s1) {
   }
 }
 
-void reduce_into_workspace(void* ctx, int64_t s0, int64_t s1) {
+// Tensor-scale pre-pass of a re-quantized sum: the finite amax of each span of the sum.
+void reduce_amax(void* ctx, int64_t s0, int64_t s1) {
   const ReduceRun& r = *static_cast<const ReduceRun*>(ctx);
   const ReduceArgs& a = *r.a;
+  float* acc = scratch().a;
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
-    float* acc = a.workspace + first;
     reduce_span(a, first, len, r.tensor_E, acc);
     r.partial_amax[s] = finite_amax(acc, len);
   }
@@ -238,7 +235,7 @@ void dequantize_reduce_impl(const ReduceArgs& a, ParallelFor pf) {
   if (a.requantize && a.cfg.coarse == kCoarseTensor) {
     float* partial = new float[spans];
     r.partial_amax = partial;
-    pf(spans, grain_spans(a.lay), reduce_into_workspace, &r);
+    pf(spans, grain_spans(a.lay), reduce_amax, &r);
     const float amax = max_of(partial, spans);
     delete[] partial;
     r.partial_amax = nullptr;
