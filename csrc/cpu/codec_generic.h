@@ -138,7 +138,10 @@ struct DequantizeRun {
   const DequantizeArgs* a;
   int64_t row;
   float inv_sqrt;
+  bool stream;  // the output exceeds the last-level cache: stream it past the caches
 };
+
+constexpr int64_t kStreamBytes = int64_t(32) << 20;
 
 void dequantize_spans(void* ctx, int64_t s0, int64_t s1) {
   const DequantizeRun& r = *static_cast<const DequantizeRun*>(ctx);
@@ -150,14 +153,19 @@ void dequantize_spans(void* ctx, int64_t s0, int64_t s1) {
     const int E = decode_normalizes(a.cfg) ? block_exponent(a.cfg, a.lay, msg, first, len) : 0;
     decode_span(a.cfg, a.lay, msg, first, len, b, E);
     finish_span(a.cfg, b, len, E, a.signs, r.inv_sqrt);
-    store_values(b, clamp64(a.lay.n - first, 0, len), a.out, a.out_dtype, r.row * a.lay.n + first, a.saturate);
+    store_values(b, clamp64(a.lay.n - first, 0, len), a.out, a.out_dtype, r.row * a.lay.n + first, a.saturate,
+                 r.stream);
   }
+#if defined(FP4Q_AVX512)
+  if (r.stream) _mm_sfence();  // the streamed stores are visible before the region ends
+#endif
 }
 
 void dequantize_impl(const DequantizeArgs& a, ParallelFor pf) {
   const int64_t spans = span_count(a.lay);
   for (int64_t row = 0; spans && row < a.rows; ++row) {
-    DequantizeRun r{&a, row, inv_sqrt_group(a.cfg.group)};
+    const int64_t bytes = a.rows * a.lay.n * (a.out_dtype == kF32 ? 4 : 2);
+    DequantizeRun r{&a, row, inv_sqrt_group(a.cfg.group), bytes >= kStreamBytes};
     pf(spans, grain_spans(a.lay), dequantize_spans, &r);
   }
 }

@@ -63,10 +63,12 @@ inline float load_values_amax(const void* x, int32_t dtype, int64_t first, int64
 }
 
 // Round to the dtype, saturating at its finite range or not (fp4quant.h: out_f32).
-inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate) {
+// stream: the output is too large to stay in the caches (streaming stores where they can).
+inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate,
+                         bool stream = false) {
 #if defined(FP4Q_AVX512)
   const int64_t body = count / 16 * 16;
-  avx512::store_values(buf, body, out, dtype, first, saturate);
+  avx512::store_values(buf, body, out, dtype, first, saturate, stream);
   buf += body;
   first += body;
   count -= body;

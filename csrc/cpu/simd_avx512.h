@@ -28,9 +28,11 @@ inline float finite_amax(const float* b, int64_t n) {
 
 // One butterfly stage of stride h < 16 inside a register: the partner of lane i is lane
 // i ^ h; lanes with bit h clear get a + b, lanes with it set get a - b (a: the lower one).
+// Lower lanes v + p, upper lanes p + (-v), which IEEE defines as p - v (-v: the sign bit
+// flipped; NaN payloads aside, the same bits as add/sub and a blend, one operation fewer).
 inline __m512 stage_in_register(__m512 v, __m512i partner, __mmask16 upper) {
   const __m512 p = _mm512_permutexvar_ps(partner, v);
-  return _mm512_mask_blend_ps(upper, _mm512_add_ps(v, p), _mm512_sub_ps(p, v));
+  return _mm512_add_ps(_mm512_mask_xor_ps(v, upper, v, _mm512_set1_ps(-0.0f)), p);
 }
 
 // All radix-2 stages on n values (n a multiple of 16): strides 1..8 (level one, in
@@ -204,8 +206,12 @@ inline __m512 clamp_ps(__m512 v, float bound, bool saturate) {
   return _mm512_max_ps(_mm512_set1_ps(-bound), _mm512_min_ps(_mm512_set1_ps(bound), v));
 }
 
-inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate) {
-  if (dtype == kF32) {
+inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate,
+                         bool stream) {
+  if (dtype == kF32 && stream && (reinterpret_cast<uintptr_t>(static_cast<float*>(out) + first) & 63) == 0) {
+    float* p = static_cast<float*>(out) + first;  // around the caches: no read for ownership
+    for (int64_t i = 0; i < count; i += 16) _mm512_stream_ps(p + i, clamp_ps(_mm512_loadu_ps(buf + i), kF32Max, saturate));
+  } else if (dtype == kF32) {
     float* p = static_cast<float*>(out) + first;
     for (int64_t i = 0; i < count; i += 16) _mm512_storeu_ps(p + i, clamp_ps(_mm512_loadu_ps(buf + i), kF32Max, saturate));
   } else if (dtype == kBF16) {
