@@ -238,22 +238,30 @@ inline void store_values(const float* buf, int64_t count, void* out, int32_t dty
   }
 }
 
-// FP4 codes of one finite 16-value micro-group y scaled by r, round-to-nearest-even
-// straight from the tie points (e2m1_nearest_mag), packed low nibble first into 8 bytes.
+// E2M1 magnitude (round to nearest even, saturating) of |v| by table: every tie point of
+// e2m1_nearest_mag (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) starts a quarter of an octave, so
+// the exponent and top two mantissa bits name the step, except exactly at a tie point that
+// rounds down (">": 0.25, 1.25, 2.5, 5), where the table's flag (16) takes one off.
+inline __m512i e2m1_nearest_mag(__m512i abs_bits) {
+  // index: quarter-octaves from 0.25 (1) up, 0 below, 21 from 8 on
+  const __m512i key = _mm512_srli_epi32(abs_bits, 21);
+  const __m512i idx = _mm512_min_epu16(_mm512_subs_epu16(key, _mm512_set1_epi32(499)), _mm512_set1_epi32(21));
+  const __m512i lo = _mm512_setr_epi32(0, 17, 1, 1, 1, 1, 1, 2, 2, 2, 19, 3, 4, 4, 21, 5);
+  const __m512i hi = _mm512_setr_epi32(6, 6, 23, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7);
+  const __m512i entry = _mm512_permutex2var_epi32(lo, idx, hi);
+  const __mmask16 at_tie = _mm512_testn_epi32_mask(abs_bits, _mm512_set1_epi32(0x1FFFFF));
+  const __mmask16 down = _mm512_mask_test_epi32_mask(at_tie, entry, _mm512_set1_epi32(16));
+  const __m512i mag = _mm512_and_si512(entry, _mm512_set1_epi32(15));
+  return _mm512_mask_sub_epi32(mag, down, mag, _mm512_set1_epi32(1));
+}
+
+// FP4 codes of one finite 16-value micro-group y scaled by r, round-to-nearest-even, packed
+// low nibble first into 8 bytes.
 inline void e2m1_nearest_codes(__m512 y, float r, uint8_t* out) {
-  const __m512 v = _mm512_mul_ps(y, _mm512_set1_ps(r));
-  const __m512 a = abs_ps(v);
-  const __m512i one = _mm512_set1_epi32(1);
-  __m512i mag = _mm512_setzero_si512();
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), mag, one);
-  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 31), 3);
-  const __m512i codes = _mm512_or_si512(mag, sign);
+  const __m512i v = _mm512_castps_si512(_mm512_mul_ps(y, _mm512_set1_ps(r)));
+  const __m512i mag = e2m1_nearest_mag(_mm512_and_si512(v, _mm512_set1_epi32(0x7FFFFFFF)));
+  // (sign >> 28 & 8) | mag
+  const __m512i codes = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 28), _mm512_set1_epi32(8), mag, 0xEA);
   // each 64-bit lane holds (even code) | (odd code) << 32: fold the odd one into bits 4..7
   const __m512i pairs = _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(pairs));
