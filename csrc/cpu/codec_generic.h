@@ -60,6 +60,8 @@ void quantize_spans(void* ctx, int64_t s0, int64_t s1) {
     float amax = kUnknownAmax;
     if (prepared) {
       std::memcpy(b, a.workspace + r.row * a.lay.padded + first, sizeof(float) * len);
+    } else if (a.cfg.coarse == kCoarseTensor) {  // no FWHT: step 1 alone, the tensor's 2**-e while loading
+      load_values_times(row_ptr(a, r.row), a.x_dtype, first, len, a.lay.n, b, pow2(-r.tensor_e));
     } else {
       // a group's exponent needs the raw amax: loading computes it on the way
       const bool group_e = a.cfg.coarse == kCoarseGroup || (a.cfg.coarse == kCoarseNone && a.cfg.fwht && a.transform);
@@ -80,6 +82,12 @@ void tensor_raw_amax(void* ctx, int64_t s0, int64_t s1) {
   float* b = scratch().a;
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t len = span_len(a.lay, s);
+#if defined(FP4Q_AVX512)
+    if (len <= a.lay.n - s * span_values(a.lay) && len % 16 == 0) {  // read only
+      r.partial_amax[s] = avx512::input_amax(row_ptr(a, r.row), a.x_dtype, s * span_values(a.lay), len);
+      continue;
+    }
+#endif
     r.partial_amax[s] = load_values_amax(row_ptr(a, r.row), a.x_dtype, s * span_values(a.lay), len, a.lay.n, b);
   }
 }

@@ -62,6 +62,18 @@ inline float load_values_amax(const void* x, int32_t dtype, int64_t first, int64
   return finite_amax(buf, count);
 }
 
+inline void scale_by(float* b, int64_t n, float f);
+
+// load_values, then each value times p (one pass on AVX-512).
+inline void load_values_times(const void* x, int32_t dtype, int64_t first, int64_t count, int64_t total, float* buf,
+                              float p) {
+#if defined(FP4Q_AVX512)
+  if (count <= total - first && count % 16 == 0) return avx512::load_values_times(x, dtype, first, count, buf, p);
+#endif
+  load_values(x, dtype, first, count, total, buf);
+  scale_by(buf, count, p);
+}
+
 // Round to the dtype, saturating at its finite range or not (fp4quant.h: out_f32).
 // stream: the output is too large to stay in the caches (streaming stores where they can).
 inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate,
