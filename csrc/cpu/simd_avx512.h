@@ -65,7 +65,9 @@ inline void butterflies(float* b, int64_t n) {
 // strides 16 * (1, 2, .. R/2) across them (lower + upper, lower - upper: as butterflies()).
 template <int R>
 inline void stages_across(__m512* r) {
+#pragma GCC unroll 4
   for (int m = 1; m < R; m *= 2) {
+#pragma GCC unroll 16
     for (int k = 0; k < R; ++k) {
       if (k & m) continue;
       const __m512 a = r[k], c = r[k + m];
@@ -75,12 +77,14 @@ inline void stages_across(__m512* r) {
   }
 }
 
-inline void stages_in_register(__m512* r, int count) {
+template <int R>
+inline void stages_in_register(__m512* r) {
   const __m512i x1 = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
   const __m512i x2 = _mm512_set_epi32(13, 12, 15, 14, 9, 8, 11, 10, 5, 4, 7, 6, 1, 0, 3, 2);
   const __m512i x4 = _mm512_set_epi32(11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4);
   const __m512i x8 = _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
-  for (int k = 0; k < count; ++k) {
+#pragma GCC unroll 8
+  for (int k = 0; k < R; ++k) {
     __m512 v = r[k];
     v = stage_in_register(v, x1, 0xAAAA);
     v = stage_in_register(v, x2, 0xCCCC);
@@ -122,15 +126,31 @@ inline __m512 after(__m512 v, const FwhtOps& o, int64_t at, __m512& m) {
 
 // One pass over n values of the stages h, 2h, .. h * (R/2) (h >= 16), R registers at a time;
 // `last`: the stages end here, then the `after` operations.
-template <int R>
-inline void stages_pass(float* b, int64_t n, int64_t h, bool last, const FwhtOps& o, __m512& m) {
+template <int R, bool last>
+inline void stages_pass(float* b, int64_t n, int64_t h, const FwhtOps& o, __m512& m) {
   for (int64_t i = 0; i < n; i += R * h) {
     for (int64_t j = 0; j < h; j += 16) {
       __m512 r[R];
+#pragma GCC unroll 16
       for (int k = 0; k < R; ++k) r[k] = _mm512_loadu_ps(b + i + j + k * h);
       stages_across<R>(r);
+#pragma GCC unroll 16
       for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + j + k * h, last ? after(r[k], o, i + j + k * h, m) : r[k]);
     }
+  }
+}
+
+// The first pass: R registers (R * 16 values) at a time, the stages of strides 1 .. R * 8.
+template <int R, bool last>
+inline void first_pass(float* b, int64_t n, const FwhtOps& o, __m512& m) {
+  for (int64_t i = 0; i < n; i += 16 * R) {
+    __m512 r[R];
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) r[k] = before(_mm512_loadu_ps(b + i + 16 * k), o, i + 16 * k);
+    stages_in_register<R>(r);
+    stages_across<R>(r);
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + 16 * k, last ? after(r[k], o, i + 16 * k, m) : r[k]);
   }
 }
 
@@ -140,25 +160,18 @@ inline void stages_pass(float* b, int64_t n, int64_t h, bool last, const FwhtOps
 // each pass 2, 4 or 8 strides (for 2048 values two passes of 4 beat one of 16 registers,
 // measured).  Returns the finite amax of the result when o.amax.
 inline float fwht_fused(float* b, int64_t n, const FwhtOps& o) {
-  const int64_t block = n < 128 ? n : 128;
-  const int R = int(block / 16);
-  const bool last = block == n;
   __m512 m = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += block) {
-    __m512 r[8];
-    for (int k = 0; k < R; ++k) r[k] = before(_mm512_loadu_ps(b + i + 16 * k), o, i + 16 * k);
-    stages_in_register(r, R);
-    if (R == 8) stages_across<8>(r);
-    if (R == 4) stages_across<4>(r);
-    if (R == 2) stages_across<2>(r);
-    for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + 16 * k, last ? after(r[k], o, i + 16 * k, m) : r[k]);
-  }
+  if (n == 128) first_pass<8, true>(b, n, o, m);
+  if (n > 128) first_pass<8, false>(b, n, o, m);
+  if (n == 64) first_pass<4, true>(b, n, o, m);
+  if (n == 32) first_pass<2, true>(b, n, o, m);
+  if (n == 16) first_pass<1, true>(b, n, o, m);
   for (int64_t h = 128; h < n;) {
     const int64_t left = n / h;  // strides h .. n/2 remain: log2(left) stages
     const int radix = left >= 8 && left != 16 ? 8 : (left >= 4 ? 4 : 2);
-    if (radix == 8) stages_pass<8>(b, n, h, left == 8, o, m);
-    if (radix == 4) stages_pass<4>(b, n, h, left == 4, o, m);
-    if (radix == 2) stages_pass<2>(b, n, h, left == 2, o, m);
+    if (radix == 8) left == 8 ? stages_pass<8, true>(b, n, h, o, m) : stages_pass<8, false>(b, n, h, o, m);
+    if (radix == 4) left == 4 ? stages_pass<4, true>(b, n, h, o, m) : stages_pass<4, false>(b, n, h, o, m);
+    if (radix == 2) stages_pass<2, true>(b, n, h, o, m);
     h *= radix;
   }
   return o.amax ? _mm512_reduce_max_ps(m) : 0.0f;
