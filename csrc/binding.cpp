@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -76,13 +77,20 @@ void check_messages(const at::Tensor& msgs, const Layout& lay, const char* what)
 // test that the kernels really run on torch's threads (a build without OpenMP runs serially).
 thread_local int region_threads = 0;
 
+// fn over [0, n) in chunks of `grain`, handed out one at a time to torch's threads as each
+// finishes its last (not split in equal parts up front): a thread slowed by other work on its
+// core then takes fewer chunks instead of holding up the others.  The kernels' results do not
+// depend on which thread runs which chunk.
 void torch_parallel_for(int64_t n, int64_t grain, cpu::RangeFn fn, void* ctx) {
+  const int64_t chunks = (n + grain - 1) / grain;
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
+  std::atomic<int64_t> next{0};
   std::atomic<int> team{1};
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
 #ifdef _OPENMP
     team.store(omp_get_num_threads(), std::memory_order_relaxed);
 #endif
-    fn(ctx, begin, end);
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) fn(ctx, c * grain, std::min(n, (c + 1) * grain));
   });
   region_threads = team.load();
 }
