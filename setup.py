@@ -9,6 +9,8 @@
 - FP4QUANT_CUDA_ARCHS: GPU targets, spelled as TORCH_CUDA_ARCH_LIST ("9.0", "90", "90a",
   "8.0;9.0", "80,90", "8.0 9.0+PTX"); default 8.0 and 9.0 plus the GPUs nvidia-smi lists.
   Cubins for each, PTX for the highest.  MAX_JOBS: parallel compile jobs (ninja).
+- OpenMP: the CPU kernels are compiled with -fopenmp and linked to the OpenMP runtime torch ships
+  (one runtime, one thread pool).
 - FP4QUANT_NO_EXT=1: install pure Python (ops fall back to the reference).
 
 Only after a successful build it writes _build_info.json beside the library (torch, the nvcc
@@ -43,8 +45,9 @@ def fail(message: str):
     sys.exit(f"fp4quant: {message}")
 
 
-def cxx_flags() -> list[str]:
-    return ["-O3", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wno-unused-function"]
+def cxx_flags(openmp) -> list[str]:
+    flags = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wno-unused-function"]
+    return flags + (openmp.compile_flags() if openmp else [])
 
 
 def nvcc_flags(archs) -> list[str]:
@@ -52,8 +55,8 @@ def nvcc_flags(archs) -> list[str]:
     return ["-O3", "-std=c++17", "--fmad=false", "-lineinfo", *archs.gencode_flags()]
 
 
-def link_flags() -> list[str]:
-    return []
+def link_flags(openmp) -> list[str]:
+    return openmp.link_flags() if openmp else []
 
 
 def site_dirs() -> list[str]:
@@ -92,9 +95,15 @@ def extensions():
         os.environ["CUDA_HOME"] = nvcc.home  # before cpp_extension reads it, so torch compiles with this nvcc
     from torch.utils import cpp_extension
 
+    # at::parallel_for is an OpenMP region inlined from ATen's headers: without -fopenmp it runs serially
+    openmp = toolchain.torch_openmp(Path(torch.__file__).parent)
+    if openmp is None:
+        print(f"fp4quant: torch {torch.__version__} ships no OpenMP runtime: the CPU kernels will run on one thread",
+              file=sys.stderr)
     sources = ["csrc/binding.cpp", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cpu").glob("*.cpp"))]
     record = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "nvcc": None, "cuda_archs": [],
-              "ptx_archs": [], "cxx_flags": cxx_flags()}
+              "ptx_archs": [], "cxx_flags": cxx_flags(openmp),
+              "openmp": str(openmp.library) if openmp else None}
     if nvcc:
         try:
             includes, lib_dirs = toolchain.cudart_paths(nvcc.home, LINK_DIR)
@@ -105,13 +114,14 @@ def extensions():
             sources + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cuda").glob("*.cu")),
             define_macros=[("FP4QUANT_WITH_CUDA", None), ("FP4QUANT_CUDA_ARCHS", f'"{archs.spelling()}"')],
             include_dirs=includes, library_dirs=lib_dirs,
-            extra_compile_args={"cxx": cxx_flags(), "nvcc": nvcc_flags(archs)}, extra_link_args=link_flags(),
+            extra_compile_args={"cxx": cxx_flags(openmp), "nvcc": nvcc_flags(archs)},
+            extra_link_args=link_flags(openmp),
         )
         record.update(nvcc={"version": toolchain.version_str(nvcc.version), "path": nvcc.path, "home": nvcc.home},
                       cuda_archs=list(archs.cubins), ptx_archs=list(archs.ptx), nvcc_flags=nvcc_flags(archs))
     else:
-        ext = cpp_extension.CppExtension("fp4quant._C", sources, extra_compile_args={"cxx": cxx_flags()},
-                                         extra_link_args=link_flags())
+        ext = cpp_extension.CppExtension("fp4quant._C", sources, extra_compile_args={"cxx": cxx_flags(openmp)},
+                                         extra_link_args=link_flags(openmp))
 
     class Build(cpp_extension.BuildExtension):
         """torch's build, then the build record beside the library it made."""

@@ -3,10 +3,20 @@
 // argument structs of kernels.h.  The fake (meta) kernels live in fp4quant/ops/_native.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <atomic>
 #include <string>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "cpu/codec_cpu.h"
 #include "kernels.h"
@@ -14,7 +24,7 @@
 #ifdef FP4QUANT_WITH_CUDA
 // c10's CUDA headers need only the CUDA runtime; ATen/cuda/CUDAContext.h would pull in the
 // cuBLAS/cuSPARSE/cuSOLVER headers, which a bare nvcc install (pip's, a minimal toolkit) lacks.
-#include <c10/cuda/CUDAGuard.h>
+// (c10::DeviceGuard finds the CUDA guard that c10_cuda registers.)
 #include <c10/cuda/CUDAStream.h>
 
 #include "cuda/launch.h"
@@ -63,8 +73,39 @@ void check_messages(const at::Tensor& msgs, const Layout& lay, const char* what)
               msgs.scalar_type(), " ", msgs.sizes());
 }
 
+// Team size of the calling thread's most recent parallel region (1: it ran inline), for the
+// test that the kernels really run on torch's threads (a build without OpenMP runs serially).
+thread_local int region_threads = 0;
+
+// fn over [0, n) in chunks of `grain`, handed out one at a time to torch's threads as each
+// finishes its last (not split in equal parts up front): a thread slowed by other work on its
+// core then takes fewer chunks instead of holding up the others.  The kernels' results do not
+// depend on which thread runs which chunk.
 void torch_parallel_for(int64_t n, int64_t grain, cpu::RangeFn fn, void* ctx) {
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { fn(ctx, begin, end); });
+  const int64_t chunks = (n + grain - 1) / grain;
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
+  std::atomic<int64_t> next{0};
+  std::atomic<int> team{1};
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+#ifdef _OPENMP
+    team.store(omp_get_num_threads(), std::memory_order_relaxed);
+#endif
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) fn(ctx, c * grain, std::min(n, (c + 1) * grain));
+  });
+  region_threads = team.load();
+}
+
+// A large CPU output that the kernel writes once, in full: ask for transparent huge pages (the
+// kernel's "madvise" mode), so that its first touch faults 2 MiB at a time, not 4 KiB: on a
+// fresh allocation page faults otherwise cost more than the kernel's own memory traffic.
+void prefer_huge_pages(const at::Tensor& t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  if (!t.is_cpu() || t.nbytes() < 2 * kHuge) return;
+  const uintptr_t first = uintptr_t(t.data_ptr()), begin = (first + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (first + t.nbytes()) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice: failure is harmless
+#endif
 }
 
 // ---- argument building, shared by the CPU and CUDA implementations ----
@@ -81,9 +122,11 @@ QuantizeArgs quantize_args(const at::Tensor& x, const Config& cfg, const c10::op
   TORCH_CHECK(x.stride(1) == 1, "fp4quant.quantize: x rows must be contiguous");
   const Layout lay = make_layout(cfg, x.size(1));
   out = at::empty({x.size(0), lay.nbytes}, x.options().dtype(at::kByte));
+  prefer_huge_pages(out);
   const bool tensor = cfg.coarse == kCoarseTensor;
   const bool needs_workspace = tensor && cfg.fwht;
   scratch.workspace = at::empty({needs_workspace ? x.size(0) * lay.padded : 0}, x.options().dtype(at::kFloat));
+  prefer_huge_pages(scratch.workspace);
   scratch.words = at::zeros({tensor ? 2 * x.size(0) : 0}, x.options().dtype(at::kInt));
   QuantizeArgs a{};
   a.cfg = cfg;
@@ -109,6 +152,7 @@ DequantizeArgs dequantize_args(const at::Tensor& msgs, int64_t n, const Config& 
   const Layout lay = make_layout(cfg, n);
   check_messages(msgs, lay, "msgs");
   out = at::empty({msgs.size(0), n}, msgs.options().dtype(dtype));
+  prefer_huge_pages(out);
   DequantizeArgs a{};
   a.cfg = cfg;
   a.lay = lay;
@@ -129,8 +173,10 @@ ReduceArgs reduce_args(const at::Tensor& msgs, int64_t n, const Config& cfg, con
   check_messages(msgs, lay, "msgs");
   TORCH_CHECK(msgs.size(0) >= 1, "fp4quant.dequantize_reduce: needs at least one message");
   out = requantize ? at::empty({lay.nbytes}, msgs.options()) : at::empty({n}, msgs.options().dtype(dtype));
+  prefer_huge_pages(out);
   const bool needs_workspace = requantize && cfg.coarse == kCoarseTensor;
   scratch.workspace = at::empty({needs_workspace ? lay.padded : 0}, msgs.options().dtype(at::kFloat));
+  prefer_huge_pages(scratch.workspace);
   scratch.words = at::zeros({needs_workspace ? 2 : 0}, msgs.options().dtype(at::kInt));
   ReduceArgs a{};
   a.cfg = cfg;
@@ -149,82 +195,66 @@ ReduceArgs reduce_args(const at::Tensor& msgs, int64_t n, const Config& cfg, con
   return a;
 }
 
-// ---- CPU ----
+// ---- launch on the data's device ----
 
-at::Tensor quantize_cpu(const at::Tensor& x_in, at::IntArrayRef config, const c10::optional<at::Tensor>& signs,
-                        int64_t seed, int64_t offset) {
-  const Config cfg = parse_config(config);
-  const at::Tensor x = x_in.dim() == 2 && x_in.stride(1) == 1 ? x_in : x_in.contiguous();
-  at::Tensor out;
-  Scratch scratch;
-  const QuantizeArgs a = quantize_args(x, cfg, signs, seed, offset, out, scratch);
-  cpu::best_kernels().quantize(a, torch_parallel_for);
-  return out;
-}
-
-at::Tensor dequantize_cpu(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
-                          const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate) {
-  const Config cfg = parse_config(config);
-  const at::Tensor msgs = msgs_in.contiguous();
-  at::Tensor out;
-  const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, saturate, out);
-  cpu::best_kernels().dequantize(a, torch_parallel_for);
-  return out;
-}
-
-at::Tensor dequantize_reduce_cpu(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
-                                 const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool requantize,
-                                 int64_t seed, int64_t offset) {
-  const Config cfg = parse_config(config);
-  const at::Tensor msgs = msgs_in.contiguous();
-  at::Tensor out;
-  Scratch scratch;
-  const ReduceArgs a = reduce_args(msgs, n, cfg, signs, dtype, requantize, seed, offset, out, scratch);
-  cpu::best_kernels().dequantize_reduce(a, torch_parallel_for);
-  return out;
-}
-
-// ---- CUDA ----
+void cpu_launch(const QuantizeArgs& a) { cpu::best_kernels().quantize(a, torch_parallel_for); }
+void cpu_launch(const DequantizeArgs& a) { cpu::best_kernels().dequantize(a, torch_parallel_for); }
+void cpu_launch(const ReduceArgs& a) { cpu::best_kernels().dequantize_reduce(a, torch_parallel_for); }
 
 #ifdef FP4QUANT_WITH_CUDA
-void check_cuda(int err, const char* op) { TORCH_CHECK(err == 0, "fp4quant.", op, ": CUDA error ", err, ": ", cuda::error_string(err)); }
+int cuda_launch(const QuantizeArgs& a, cudaStream_t s) { return cuda::quantize(a, s); }
+int cuda_launch(const DequantizeArgs& a, cudaStream_t s) { return cuda::dequantize(a, s); }
+int cuda_launch(const ReduceArgs& a, cudaStream_t s) { return cuda::dequantize_reduce(a, s); }
+#endif
 
-at::Tensor quantize_cuda(const at::Tensor& x_in, at::IntArrayRef config, const c10::optional<at::Tensor>& signs,
-                         int64_t seed, int64_t offset) {
+// The CPU kernels on torch's thread pool, or the CUDA kernels on the device's current stream
+// (the caller holds a DeviceGuard; the dispatcher sends CUDA tensors here only when built with CUDA).
+template <class Args>
+void launch(const Args& a, const at::Device& device, const char* op) {
+  if (device.is_cpu()) return cpu_launch(a);
+#ifdef FP4QUANT_WITH_CUDA
+  const int err = cuda_launch(a, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  TORCH_CHECK(err == 0, "fp4quant.", op, ": CUDA error ", err, ": ", cuda::error_string(err));
+#else
+  TORCH_CHECK(false, "fp4quant.", op, ": this build has no kernels for ", device);
+#endif
+}
+
+// ---- the ops: one host function each, for CPU and CUDA ----
+
+at::Tensor quantize(const at::Tensor& x_in, at::IntArrayRef config, const c10::optional<at::Tensor>& signs,
+                    int64_t seed, int64_t offset) {
   const Config cfg = parse_config(config);
   const at::Tensor x = x_in.dim() == 2 && x_in.stride(1) == 1 ? x_in : x_in.contiguous();
-  const c10::cuda::CUDAGuard guard(x.device());
+  const c10::DeviceGuard guard(x.device());
   at::Tensor out;
   Scratch scratch;
-  const QuantizeArgs a = quantize_args(x, cfg, signs, seed, offset, out, scratch);
-  check_cuda(cuda::quantize(a, c10::cuda::getCurrentCUDAStream().stream()), "quantize");
+  launch(quantize_args(x, cfg, signs, seed, offset, out, scratch), x.device(), "quantize");
   return out;
 }
 
-at::Tensor dequantize_cuda(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
-                           const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate) {
+at::Tensor dequantize(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
+                      const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate) {
   const Config cfg = parse_config(config);
   const at::Tensor msgs = msgs_in.contiguous();
-  const c10::cuda::CUDAGuard guard(msgs.device());
+  const c10::DeviceGuard guard(msgs.device());
   at::Tensor out;
-  const DequantizeArgs a = dequantize_args(msgs, n, cfg, signs, dtype, saturate, out);
-  check_cuda(cuda::dequantize(a, c10::cuda::getCurrentCUDAStream().stream()), "dequantize");
+  launch(dequantize_args(msgs, n, cfg, signs, dtype, saturate, out), msgs.device(), "dequantize");
   return out;
 }
 
-at::Tensor dequantize_reduce_cuda(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
-                                  const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool requantize,
-                                  int64_t seed, int64_t offset) {
+at::Tensor dequantize_reduce(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
+                             const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool requantize,
+                             int64_t seed, int64_t offset) {
   const Config cfg = parse_config(config);
   const at::Tensor msgs = msgs_in.contiguous();
-  const c10::cuda::CUDAGuard guard(msgs.device());
+  const c10::DeviceGuard guard(msgs.device());
   at::Tensor out;
   Scratch scratch;
-  const ReduceArgs a = reduce_args(msgs, n, cfg, signs, dtype, requantize, seed, offset, out, scratch);
-  check_cuda(cuda::dequantize_reduce(a, c10::cuda::getCurrentCUDAStream().stream()), "dequantize_reduce");
+  launch(reduce_args(msgs, n, cfg, signs, dtype, requantize, seed, offset, out, scratch), msgs.device(),
+         "dequantize_reduce");
   return out;
 }
-#endif
 
 }  // namespace
 }  // namespace fp4q
@@ -238,16 +268,16 @@ TORCH_LIBRARY(fp4quant, m) {
 }
 
 TORCH_LIBRARY_IMPL(fp4quant, CPU, m) {
-  m.impl("quantize", &fp4q::quantize_cpu);
-  m.impl("dequantize", &fp4q::dequantize_cpu);
-  m.impl("dequantize_reduce", &fp4q::dequantize_reduce_cpu);
+  m.impl("quantize", &fp4q::quantize);
+  m.impl("dequantize", &fp4q::dequantize);
+  m.impl("dequantize_reduce", &fp4q::dequantize_reduce);
 }
 
 #ifdef FP4QUANT_WITH_CUDA
 TORCH_LIBRARY_IMPL(fp4quant, CUDA, m) {
-  m.impl("quantize", &fp4q::quantize_cuda);
-  m.impl("dequantize", &fp4q::dequantize_cuda);
-  m.impl("dequantize_reduce", &fp4q::dequantize_reduce_cuda);
+  m.impl("quantize", &fp4q::quantize);
+  m.impl("dequantize", &fp4q::dequantize);
+  m.impl("dequantize_reduce", &fp4q::dequantize_reduce);
 }
 #endif
 
@@ -258,6 +288,8 @@ TORCH_LIBRARY_IMPL(fp4quant, CUDA, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fp4quant native kernels (ops registered under torch.ops.fp4quant)";
   m.def("cpu_isa", []() { return std::string(fp4q::cpu::best_kernels().isa); }, "instruction set of the CPU kernels in use");
+  m.def("last_parallel_threads", []() { return fp4q::region_threads; },
+        "threads the calling thread's most recent CPU kernel region ran on (0: none yet)");
 #ifdef FP4QUANT_WITH_CUDA
   m.attr("with_cuda") = true;
 #else

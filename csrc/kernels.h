@@ -51,7 +51,7 @@ struct ReduceArgs {
   const float* signs;
   uint32_t key;
   uint64_t offset;
-  float* workspace;      // coarse == tensor && requantize: lay.padded floats, else nullptr
+  float* workspace;      // coarse == tensor && requantize: lay.padded floats (CUDA; the CPU sums twice), else nullptr
   uint32_t* reduce_scratch;  // coarse == tensor && requantize: 2 zeroed words (CUDA), else nullptr
 };
 

@@ -335,3 +335,34 @@ def cudart_paths(home: str, link_dir: Path) -> tuple[list[str], list[str]]:
         link.unlink()
     link.symlink_to(versioned[0])
     return includes, [str(link_dir)]
+
+
+@dataclass(frozen=True)
+class OpenMP:
+    """The OpenMP runtime that torch's CPU library loads, which the extension links too: one
+    runtime, one thread pool, sized by torch.set_num_threads."""
+
+    library: Path
+
+    def compile_flags(self) -> list[str]:
+        return ["-fopenmp"]
+
+    def link_flags(self) -> list[str]:
+        # that file by name (not the compiler's own libgomp), found at run time beside torch's
+        folder = str(self.library.parent)
+        return [f"-L{folder}", f"-l:{self.library.name}", f"-Wl,-rpath,{folder}"]
+
+
+_OPENMP_NAMES = ("libgomp*.so*", "libomp*.so*", "libiomp5*.so*")
+
+
+def torch_openmp(torch_dir: str | os.PathLike) -> OpenMP | None:
+    """torch's OpenMP runtime: the one its wheel ships in torch/lib or (renamed by auditwheel)
+    in the sibling torch.libs, or None when torch ships none."""
+    root = Path(torch_dir)
+    for folder in (root / "lib", root.parent / "torch.libs"):
+        for pattern in _OPENMP_NAMES:
+            found = sorted(p for p in folder.glob(pattern) if p.is_file())
+            if found:
+                return OpenMP(found[0])
+    return None

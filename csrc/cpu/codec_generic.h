@@ -21,15 +21,11 @@ constexpr int64_t kMaxSegment = 1 << 16;  // QuantConfig.group <= 2**16
 
 struct Scratch {
   float* a = new float[kMaxSegment];
-  float* b = new float[kMaxSegment];
-  ~Scratch() {
-    delete[] a;
-    delete[] b;
-  }
+  ~Scratch() { delete[] a; }
 };
 
 inline Scratch& scratch() {
-  static thread_local Scratch s;  // two spans per thread, on the heap
+  static thread_local Scratch s;  // one span per thread, on the heap
   return s;
 }
 
@@ -61,13 +57,20 @@ void quantize_spans(void* ctx, int64_t s0, int64_t s1) {
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * W, len = span_len(a.lay, s);
     int e = r.tensor_e;
+    float amax = kUnknownAmax;
     if (prepared) {
       std::memcpy(b, a.workspace + r.row * a.lay.padded + first, sizeof(float) * len);
+    } else if (a.cfg.coarse == kCoarseTensor) {  // no FWHT: step 1 alone, the tensor's 2**-e while loading
+      load_values_times(row_ptr(a, r.row), a.x_dtype, first, len, a.lay.n, b, pow2(-r.tensor_e));
     } else {
-      load_values(row_ptr(a, r.row), a.x_dtype, first, len, a.lay.n, b);
-      e = normalize_and_transform(a.cfg, b, len, a.signs, a.transform, r.tensor_e, r.inv_sqrt);
+      // a group's exponent needs the raw amax: loading computes it on the way
+      const bool group_e = a.cfg.coarse == kCoarseGroup || (a.cfg.coarse == kCoarseNone && a.cfg.fwht && a.transform);
+      float raw = kUnknownAmax;
+      if (group_e) raw = load_values_amax(row_ptr(a, r.row), a.x_dtype, first, len, a.lay.n, b);
+      else load_values(row_ptr(a, r.row), a.x_dtype, first, len, a.lay.n, b);
+      e = normalize_and_transform(a.cfg, b, len, a.signs, a.transform, r.tensor_e, r.inv_sqrt, raw, &amax);
     }
-    encode_prepared(a.cfg, a.lay, b, first, len, e, r.tensor_c, msg, a.key, row_ctr + uint64_t(first), 1.0f);
+    encode_prepared(a.cfg, a.lay, b, first, len, e, r.tensor_c, msg, a.key, row_ctr + uint64_t(first), 1.0f, amax);
   }
 }
 
@@ -79,8 +82,13 @@ void tensor_raw_amax(void* ctx, int64_t s0, int64_t s1) {
   float* b = scratch().a;
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t len = span_len(a.lay, s);
-    load_values(row_ptr(a, r.row), a.x_dtype, s * span_values(a.lay), len, a.lay.n, b);
-    r.partial_amax[s] = finite_amax(b, len);
+#if defined(FP4Q_AVX512)
+    if (len <= a.lay.n - s * span_values(a.lay) && len % 16 == 0) {  // read only
+      r.partial_amax[s] = avx512::input_amax(row_ptr(a, r.row), a.x_dtype, s * span_values(a.lay), len);
+      continue;
+    }
+#endif
+    r.partial_amax[s] = load_values_amax(row_ptr(a, r.row), a.x_dtype, s * span_values(a.lay), len, a.lay.n, b);
   }
 }
 
@@ -91,8 +99,9 @@ void tensor_transform(void* ctx, int64_t s0, int64_t s1) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
     float* b = a.workspace + r.row * a.lay.padded + first;
     load_values(row_ptr(a, r.row), a.x_dtype, first, len, a.lay.n, b);
-    normalize_and_transform(a.cfg, b, len, a.signs, true, r.tensor_e, r.inv_sqrt);
-    r.partial_amax[s] = finite_amax(b, len);
+    float amax = kUnknownAmax;
+    normalize_and_transform(a.cfg, b, len, a.signs, true, r.tensor_e, r.inv_sqrt, kUnknownAmax, &amax);
+    r.partial_amax[s] = amax >= 0.0f ? amax : finite_amax(b, len);
   }
 }
 
@@ -137,7 +146,10 @@ struct DequantizeRun {
   const DequantizeArgs* a;
   int64_t row;
   float inv_sqrt;
+  bool stream;  // the output exceeds the last-level cache: stream it past the caches
 };
+
+constexpr int64_t kStreamBytes = int64_t(32) << 20;
 
 void dequantize_spans(void* ctx, int64_t s0, int64_t s1) {
   const DequantizeRun& r = *static_cast<const DequantizeRun*>(ctx);
@@ -149,14 +161,19 @@ void dequantize_spans(void* ctx, int64_t s0, int64_t s1) {
     const int E = decode_normalizes(a.cfg) ? block_exponent(a.cfg, a.lay, msg, first, len) : 0;
     decode_span(a.cfg, a.lay, msg, first, len, b, E);
     finish_span(a.cfg, b, len, E, a.signs, r.inv_sqrt);
-    store_values(b, clamp64(a.lay.n - first, 0, len), a.out, a.out_dtype, r.row * a.lay.n + first, a.saturate);
+    store_values(b, clamp64(a.lay.n - first, 0, len), a.out, a.out_dtype, r.row * a.lay.n + first, a.saturate,
+                 r.stream);
   }
+#if defined(FP4Q_AVX512)
+  if (r.stream) _mm_sfence();  // the streamed stores are visible before the region ends
+#endif
 }
 
 void dequantize_impl(const DequantizeArgs& a, ParallelFor pf) {
   const int64_t spans = span_count(a.lay);
   for (int64_t row = 0; spans && row < a.rows; ++row) {
-    DequantizeRun r{&a, row, inv_sqrt_group(a.cfg.group)};
+    const int64_t bytes = a.rows * a.lay.n * (a.out_dtype == kF32 ? 4 : 2);
+    DequantizeRun r{&a, row, inv_sqrt_group(a.cfg.group), bytes >= kStreamBytes};
     pf(spans, grain_spans(a.lay), dequantize_spans, &r);
   }
 }
@@ -185,29 +202,21 @@ inline int sum_exponent(const ReduceArgs& a, int64_t first, int64_t len) {
 }
 
 // Sum of the world's messages over one span against 2**-E, in the transformed domain, row order.
-inline void reduce_span(const ReduceArgs& a, int64_t first, int64_t len, int E, float* acc, float* tmp) {
+inline void reduce_span(const ReduceArgs& a, int64_t first, int64_t len, int E, float* acc) {
   decode_span(a.cfg, a.lay, a.msgs, first, len, acc, E);
-  for (int64_t w = 1; w < a.world; ++w) {
-    decode_span(a.cfg, a.lay, a.msgs + w * a.lay.nbytes, first, len, tmp, E);
-    for (int64_t i = 0; i < len; ++i) acc[i] = acc[i] + tmp[i];
-  }
+  for (int64_t w = 1; w < a.world; ++w) decode_span(a.cfg, a.lay, a.msgs + w * a.lay.nbytes, first, len, acc, E, true);
 }
 
 void reduce_spans(void* ctx, int64_t s0, int64_t s1) {
   const ReduceRun& r = *static_cast<const ReduceRun*>(ctx);
   const ReduceArgs& a = *r.a;
-  Scratch& sc = scratch();
-  float* acc = sc.a;
+  float* acc = scratch().a;
   const bool tensor = a.cfg.coarse == kCoarseTensor;
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
     const int E = tensor ? r.tensor_E : sum_exponent(a, first, len);
-    if (a.requantize && tensor) {  // summed by the pre-pass
-      std::memcpy(acc, a.workspace + first, sizeof(float) * len);
-      scale_by(acc, len, pow2(-r.tensor_e));
-    } else {
-      reduce_span(a, first, len, E, acc, sc.b);
-    }
+    reduce_span(a, first, len, E, acc);  // again after the pre-pass: cheaper than keeping the sum
+    if (a.requantize && tensor) scale_by(acc, len, pow2(-r.tensor_e));
     if (a.requantize) {
       // a coarse scale carries 2**E; without one the values get it back (saturating)
       if (a.cfg.coarse == kCoarseNone && decode_normalizes(a.cfg)) scale_saturating(acc, len, pow2(E));
@@ -222,13 +231,14 @@ void reduce_spans(void* ctx, int64_t s0, int64_t s1) {
   }
 }
 
-void reduce_into_workspace(void* ctx, int64_t s0, int64_t s1) {
+// Tensor-scale pre-pass of a re-quantized sum: the finite amax of each span of the sum.
+void reduce_amax(void* ctx, int64_t s0, int64_t s1) {
   const ReduceRun& r = *static_cast<const ReduceRun*>(ctx);
   const ReduceArgs& a = *r.a;
+  float* acc = scratch().a;
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
-    float* acc = a.workspace + first;
-    reduce_span(a, first, len, r.tensor_E, acc, scratch().b);
+    reduce_span(a, first, len, r.tensor_E, acc);
     r.partial_amax[s] = finite_amax(acc, len);
   }
 }
@@ -241,7 +251,7 @@ void dequantize_reduce_impl(const ReduceArgs& a, ParallelFor pf) {
   if (a.requantize && a.cfg.coarse == kCoarseTensor) {
     float* partial = new float[spans];
     r.partial_amax = partial;
-    pf(spans, grain_spans(a.lay), reduce_into_workspace, &r);
+    pf(spans, grain_spans(a.lay), reduce_amax, &r);
     const float amax = max_of(partial, spans);
     delete[] partial;
     r.partial_amax = nullptr;

@@ -51,11 +51,36 @@ inline void load_values(const void* x, int32_t dtype, int64_t first, int64_t cou
   for (int64_t i = valid; i < count; ++i) buf[i] = 0.0f;  // zero padding
 }
 
+inline float finite_amax(const float* b, int64_t n);
+
+// load_values, returning the finite amax of what it loaded (fused into the load on AVX-512).
+inline float load_values_amax(const void* x, int32_t dtype, int64_t first, int64_t count, int64_t total, float* buf) {
+#if defined(FP4Q_AVX512)
+  if (count <= total - first && count % 16 == 0) return avx512::load_values_amax(x, dtype, first, count, buf);
+#endif
+  load_values(x, dtype, first, count, total, buf);
+  return finite_amax(buf, count);
+}
+
+inline void scale_by(float* b, int64_t n, float f);
+
+// load_values, then each value times p (one pass on AVX-512).
+inline void load_values_times(const void* x, int32_t dtype, int64_t first, int64_t count, int64_t total, float* buf,
+                              float p) {
+#if defined(FP4Q_AVX512)
+  if (count <= total - first && count % 16 == 0) return avx512::load_values_times(x, dtype, first, count, buf, p);
+#endif
+  load_values(x, dtype, first, count, total, buf);
+  scale_by(buf, count, p);
+}
+
 // Round to the dtype, saturating at its finite range or not (fp4quant.h: out_f32).
-inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate) {
+// stream: the output is too large to stay in the caches (streaming stores where they can).
+inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate,
+                         bool stream = false) {
 #if defined(FP4Q_AVX512)
   const int64_t body = count / 16 * 16;
-  avx512::store_values(buf, body, out, dtype, first, saturate);
+  avx512::store_values(buf, body, out, dtype, first, saturate, stream);
   buf += body;
   first += body;
   count -= body;
@@ -130,19 +155,43 @@ inline void inverse_fwht(float* b, int64_t n, const float* signs, float inv_sqrt
   if (signs) multiply(b, signs, n);
 }
 
+// A span's finite amax when an earlier step already knows it; kUnknownAmax when not.
+constexpr float kUnknownAmax = -1.0f;
+
 // Steps 1-3 on a loaded span: normalize by 2**-e (e from the span, a group, or the tensor's),
 // then the FWHT; without a coarse scale the transformed group is multiplied by 2**e again
-// (saturating).  Returns e.
+// (saturating).  Returns e.  raw_amax: the loaded span's finite amax, if known; *amax_after
+// (if asked): the result's, or kUnknownAmax.
 inline int normalize_and_transform(const Config& cfg, float* b, int64_t S, const float* signs, bool transform,
-                                   int tensor_e, float inv_sqrt) {
+                                   int tensor_e, float inv_sqrt, float raw_amax = kUnknownAmax,
+                                   float* amax_after = nullptr) {
   const bool fwht = cfg.fwht && transform;
   const bool group_e = cfg.coarse == kCoarseGroup || (cfg.coarse == kCoarseNone && fwht);  // the span is a group
   int e = 0;
-  if (group_e) e = normalizing_exponent(finite_amax(b, S));
+  if (group_e) {
+    if (raw_amax < 0.0f) raw_amax = finite_amax(b, S);
+    e = normalizing_exponent(raw_amax);
+  }
   if (cfg.coarse == kCoarseTensor) e = tensor_e;
-  if (cfg.coarse != kCoarseNone || fwht) scale_by(b, S, pow2(-e));
-  if (fwht) forward_fwht(b, S, signs, inv_sqrt);
-  if (cfg.coarse == kCoarseNone && fwht) scale_saturating(b, S, pow2(e));
+  const bool saturate = cfg.coarse == kCoarseNone && fwht;
+  float after = kUnknownAmax;
+  bool done = false;
+#if defined(FP4Q_AVX512)
+  if (fwht && S % 16 == 0) {
+    const float a = avx512::fwht_fused(b, S, avx512::FwhtOps{true, pow2(-e), signs, inv_sqrt, nullptr, false, 1.0f, !saturate});
+    if (!saturate) after = a;
+    done = true;
+  }
+#endif
+  if (!done) {
+    if (cfg.coarse != kCoarseNone || fwht) scale_by(b, S, pow2(-e));
+    if (fwht) forward_fwht(b, S, signs, inv_sqrt);
+    // max(round(x * 2**-e)) == round(max(x) * 2**-e): rounding is monotonic, and a group's
+    // 2**-e maps its amax into [1, 4) (no overflow)
+    if (!fwht && cfg.coarse == kCoarseGroup && raw_amax >= 0.0f) after = raw_amax * pow2(-e);
+  }
+  if (saturate) scale_saturating(b, S, pow2(e));
+  if (amax_after) *amax_after = after;
   return e;
 }
 
@@ -152,11 +201,13 @@ inline void store_u32_le(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 // ctr0: the stochastic-rounding counter of the span's first value.
 // b holds the span's len values, the message's values first .. first+len-1.  sum_scale:
 // 2**E when b is a sum normalized by 2**-E (dequantize_reduce), else 1.
+// known_amax: b's finite amax when already known (else kUnknownAmax).
 inline void encode_prepared(const Config& cfg, const Layout& lay, const float* b, int64_t first, int64_t S, int e,
-                            float tensor_c, uint8_t* msg, uint32_t key, uint64_t ctr0, float sum_scale) {
+                            float tensor_c, uint8_t* msg, uint32_t key, uint64_t ctr0, float sum_scale,
+                            float known_amax = kUnknownAmax) {
   float c = tensor_c;
   if (cfg.coarse == kCoarseGroup) {  // a span is exactly one group
-    c = finite_amax(b, S) / coarse_divisor(cfg);
+    c = (known_amax >= 0.0f ? known_amax : finite_amax(b, S)) / coarse_divisor(cfg);
     store_u32_le(msg + 4 * (first / cfg.group), f2u((c * pow2(e)) * sum_scale));
   }
   const int64_t M = cfg.micro_group;
@@ -230,39 +281,60 @@ inline int block_exponent(const Config& cfg, const Layout& lay, const uint8_t* m
 }
 
 // Decode one span of a message into b (S values, padding included) in the transformed
-// domain, against 2**-E where decode_normalizes(cfg): code * m * (c * 2**-E).
+// domain, against 2**-E where decode_normalizes(cfg): code * m * (c * 2**-E).  accumulate:
+// add the decoded values to b instead (b + decoded, as a sum of spans in row order).
 inline void decode_span(const Config& cfg, const Layout& lay, const uint8_t* msg, int64_t first, int64_t S, float* b,
-                        int E) {
+                        int E, bool accumulate = false) {
   float f = 1.0f;
   if (cfg.coarse == kCoarseGroup) f = read_f32_le(msg + 4 * (first / cfg.group));
   if (cfg.coarse == kCoarseTensor) f = read_f32_le(msg);
   if (decode_normalizes(cfg)) f = f * pow2(-E);
   const int64_t M = cfg.micro_group;
+#if defined(FP4Q_AVX512)
+  if (cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && M == 16) {
+    avx512::decode_fp4_e4m3_span(msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2, S / 16, f, b,
+                                 accumulate);
+    return;
+  }
+#endif
+  float tmp[64];
   for (int64_t j = 0; j < S / M; ++j) {
     const float s = decode_micro(cfg, micro_stored(lay, msg, first / M + j), f);
     const int64_t at = first + j * M;
-    float* v = b + j * M;
+    for (int64_t i0 = 0; i0 < M; i0 += 64) {
+      const int64_t cnt = M - i0 < 64 ? M - i0 : 64;
+      float* v = accumulate ? tmp : b + j * M + i0;
 #if defined(FP4Q_AVX512)
-    if (cfg.element == kE2M1 && M == 16) {
-      _mm512_storeu_ps(v, avx512::e2m1_decode(msg + lay.codes_off + at / 2, s));
-      continue;
-    }
+      if (cfg.element == kE2M1 && M == 16) {
+        _mm512_storeu_ps(v, avx512::e2m1_decode(msg + lay.codes_off + at / 2, s));
+      } else
 #endif
-    if (element_bits(cfg.element) == 4) {
-      const uint8_t* in = msg + lay.codes_off + at / 2;
-      for (int64_t i = 0; i < M / 2; ++i) {
-        v[2 * i] = element_value(cfg.element, in[i] & 0xFu) * s;
-        v[2 * i + 1] = element_value(cfg.element, in[i] >> 4) * s;
+      if (element_bits(cfg.element) == 4) {
+        const uint8_t* in = msg + lay.codes_off + (at + i0) / 2;
+        for (int64_t i = 0; i < cnt / 2; ++i) {
+          v[2 * i] = element_value(cfg.element, in[i] & 0xFu) * s;
+          v[2 * i + 1] = element_value(cfg.element, in[i] >> 4) * s;
+        }
+      } else {
+        const uint8_t* in = msg + lay.codes_off + at + i0;
+        for (int64_t i = 0; i < cnt; ++i) v[i] = element_value(cfg.element, in[i]) * s;
       }
-    } else {
-      const uint8_t* in = msg + lay.codes_off + at;
-      for (int64_t i = 0; i < M; ++i) v[i] = element_value(cfg.element, in[i]) * s;
+      if (accumulate) {
+        float* acc = b + j * M + i0;
+        for (int64_t i = 0; i < cnt; ++i) acc[i] = acc[i] + tmp[i];
+      }
     }
   }
 }
 
 // Decoded (normalized, transformed) values -> values: the inverse FWHT, then 2**E.
 inline void finish_span(const Config& cfg, float* b, int64_t S, int E, const float* signs, float inv_sqrt) {
+#if defined(FP4Q_AVX512)
+  if (cfg.fwht && S % 16 == 0) {
+    avx512::fwht_fused(b, S, avx512::FwhtOps{false, 1.0f, nullptr, inv_sqrt, signs, decode_normalizes(cfg), pow2(E), false});
+    return;
+  }
+#endif
   if (cfg.fwht) inverse_fwht(b, S, signs, inv_sqrt);
   if (decode_normalizes(cfg)) scale_by(b, S, pow2(E));
 }

@@ -28,9 +28,11 @@ inline float finite_amax(const float* b, int64_t n) {
 
 // One butterfly stage of stride h < 16 inside a register: the partner of lane i is lane
 // i ^ h; lanes with bit h clear get a + b, lanes with it set get a - b (a: the lower one).
+// Lower lanes v + p, upper lanes p + (-v), which IEEE defines as p - v (-v: the sign bit
+// flipped; NaN payloads aside, the same bits as add/sub and a blend, one operation fewer).
 inline __m512 stage_in_register(__m512 v, __m512i partner, __mmask16 upper) {
   const __m512 p = _mm512_permutexvar_ps(partner, v);
-  return _mm512_mask_blend_ps(upper, _mm512_add_ps(v, p), _mm512_sub_ps(p, v));
+  return _mm512_add_ps(_mm512_mask_xor_ps(v, upper, v, _mm512_set1_ps(-0.0f)), p);
 }
 
 // All radix-2 stages on n values (n a multiple of 16): strides 1..8 (level one, in
@@ -59,6 +61,171 @@ inline void butterflies(float* b, int64_t n) {
   }
 }
 
+// R registers r[0..R) of 16 values each, R/2 .. 1 apart in a block: the butterfly stages of
+// strides 16 * (1, 2, .. R/2) across them (lower + upper, lower - upper: as butterflies()).
+template <int R>
+inline void stages_across(__m512* r) {
+#pragma GCC unroll 4
+  for (int m = 1; m < R; m *= 2) {
+#pragma GCC unroll 16
+    for (int k = 0; k < R; ++k) {
+      if (k & m) continue;
+      const __m512 a = r[k], c = r[k + m];
+      r[k] = _mm512_add_ps(a, c);
+      r[k + m] = _mm512_sub_ps(a, c);
+    }
+  }
+}
+
+template <int R>
+inline void stages_in_register(__m512* r) {
+  const __m512i x1 = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  const __m512i x2 = _mm512_set_epi32(13, 12, 15, 14, 9, 8, 11, 10, 5, 4, 7, 6, 1, 0, 3, 2);
+  const __m512i x4 = _mm512_set_epi32(11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4);
+  const __m512i x8 = _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
+#pragma GCC unroll 8
+  for (int k = 0; k < R; ++k) {
+    __m512 v = r[k];
+    v = stage_in_register(v, x1, 0xAAAA);
+    v = stage_in_register(v, x2, 0xCCCC);
+    v = stage_in_register(v, x4, 0xF0F0);
+    r[k] = stage_in_register(v, x8, 0xFF00);
+  }
+}
+
+// What a fused transform does around its butterflies, to each value, in this order:
+// before, times `pre` then times its sign; after, times `post`, then its sign, then times `f`
+// (each only where asked); `amax`: return the finite amax of the result.
+struct FwhtOps {
+  bool pre_on;
+  float pre;
+  const float* pre_signs;
+  float post;
+  const float* post_signs;
+  bool f_on;
+  float f;
+  bool amax;
+};
+
+inline __m512 before(__m512 v, const FwhtOps& o, int64_t at) {
+  if (o.pre_on) v = _mm512_mul_ps(v, _mm512_set1_ps(o.pre));
+  if (o.pre_signs) v = _mm512_mul_ps(v, _mm512_loadu_ps(o.pre_signs + at));
+  return v;
+}
+
+inline __m512 after(__m512 v, const FwhtOps& o, int64_t at, __m512& m) {
+  v = _mm512_mul_ps(v, _mm512_set1_ps(o.post));
+  if (o.post_signs) v = _mm512_mul_ps(v, _mm512_loadu_ps(o.post_signs + at));
+  if (o.f_on) v = _mm512_mul_ps(v, _mm512_set1_ps(o.f));
+  if (o.amax) {
+    const __m512 a = abs_ps(v);
+    m = _mm512_mask_max_ps(m, finite_mask(a), m, a);
+  }
+  return v;
+}
+
+// One pass over n values of the stages h, 2h, .. h * (R/2) (h >= 16), R registers at a time;
+// `last`: the stages end here, then the `after` operations.
+template <int R, bool last>
+inline void stages_pass(float* b, int64_t n, int64_t h, const FwhtOps& o, __m512& m) {
+  for (int64_t i = 0; i < n; i += R * h) {
+    for (int64_t j = 0; j < h; j += 16) {
+      __m512 r[R];
+#pragma GCC unroll 16
+      for (int k = 0; k < R; ++k) r[k] = _mm512_loadu_ps(b + i + j + k * h);
+      stages_across<R>(r);
+#pragma GCC unroll 16
+      for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + j + k * h, last ? after(r[k], o, i + j + k * h, m) : r[k]);
+    }
+  }
+}
+
+// The first pass: R registers (R * 16 values) at a time, the stages of strides 1 .. R * 8.
+template <int R, bool last>
+inline void first_pass(float* b, int64_t n, const FwhtOps& o, __m512& m) {
+  for (int64_t i = 0; i < n; i += 16 * R) {
+    __m512 r[R];
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) r[k] = before(_mm512_loadu_ps(b + i + 16 * k), o, i + 16 * k);
+    stages_in_register<R>(r);
+    stages_across<R>(r);
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + 16 * k, last ? after(r[k], o, i + 16 * k, m) : r[k]);
+  }
+}
+
+// The FWHT on n values (a power of two >= 16) with the operations around it fused into few
+// passes: the same IEEE operations on each value as the separate loops (scale_by, multiply,
+// butterflies) in turn.  The first pass does strides 1 .. 64 (128 values, in registers), then
+// each pass 2, 4 or 8 strides (for 2048 values two passes of 4 beat one of 16 registers,
+// measured).  Returns the finite amax of the result when o.amax.
+inline float fwht_fused(float* b, int64_t n, const FwhtOps& o) {
+  __m512 m = _mm512_setzero_ps();
+  if (n == 128) first_pass<8, true>(b, n, o, m);
+  if (n > 128) first_pass<8, false>(b, n, o, m);
+  if (n == 64) first_pass<4, true>(b, n, o, m);
+  if (n == 32) first_pass<2, true>(b, n, o, m);
+  if (n == 16) first_pass<1, true>(b, n, o, m);
+  for (int64_t h = 128; h < n;) {
+    const int64_t left = n / h;  // strides h .. n/2 remain: log2(left) stages
+    const int radix = left >= 8 && left != 16 ? 8 : (left >= 4 ? 4 : 2);
+    if (radix == 8) left == 8 ? stages_pass<8, true>(b, n, h, o, m) : stages_pass<8, false>(b, n, h, o, m);
+    if (radix == 4) left == 4 ? stages_pass<4, true>(b, n, h, o, m) : stages_pass<4, false>(b, n, h, o, m);
+    if (radix == 2) stages_pass<2, true>(b, n, h, o, m);
+    h *= radix;
+  }
+  return o.amax ? _mm512_reduce_max_ps(m) : 0.0f;
+}
+
+// load_values, each value times p (count a multiple of 16, every value exists).
+inline void load_values_times(const void* x, int32_t dtype, int64_t first, int64_t count, float* buf, float p) {
+  for (int64_t i = 0; i < count; i += 16) {
+    __m512 v;
+    if (dtype == kF32) {
+      v = _mm512_loadu_ps(static_cast<const float*>(x) + first + i);
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + first + i));
+      v = dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+    }
+    _mm512_storeu_ps(buf + i, _mm512_mul_ps(v, _mm512_set1_ps(p)));
+  }
+}
+
+// The finite amax of count input values (a multiple of 16, every value exists), read only.
+inline float input_amax(const void* x, int32_t dtype, int64_t first, int64_t count) {
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < count; i += 16) {
+    __m512 v;
+    if (dtype == kF32) {
+      v = _mm512_loadu_ps(static_cast<const float*>(x) + first + i);
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + first + i));
+      v = dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+    }
+    const __m512 a = abs_ps(v);
+    m = _mm512_mask_max_ps(m, finite_mask(a), m, a);
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+// Loading fused with the finite amax of what was loaded (count a multiple of 16, every value exists).
+inline float load_values_amax(const void* x, int32_t dtype, int64_t first, int64_t count, float* buf) {
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < count; i += 16) {
+    __m512 v;
+    if (dtype == kF32) {
+      v = _mm512_loadu_ps(static_cast<const float*>(x) + first + i);
+    } else {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + first + i));
+      v = dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+    }
+    _mm512_storeu_ps(buf + i, v);
+    const __m512 a = abs_ps(v);
+    m = _mm512_mask_max_ps(m, finite_mask(a), m, a);
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
 inline void load_values(const void* x, int32_t dtype, int64_t first, int64_t count, float* buf) {
   // count is a multiple of 16 and every value exists
   if (dtype == kF32) {
@@ -84,8 +251,12 @@ inline __m512 clamp_ps(__m512 v, float bound, bool saturate) {
   return _mm512_max_ps(_mm512_set1_ps(-bound), _mm512_min_ps(_mm512_set1_ps(bound), v));
 }
 
-inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate) {
-  if (dtype == kF32) {
+inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate,
+                         bool stream) {
+  if (dtype == kF32 && stream && (reinterpret_cast<uintptr_t>(static_cast<float*>(out) + first) & 63) == 0) {
+    float* p = static_cast<float*>(out) + first;  // around the caches: no read for ownership
+    for (int64_t i = 0; i < count; i += 16) _mm512_stream_ps(p + i, clamp_ps(_mm512_loadu_ps(buf + i), kF32Max, saturate));
+  } else if (dtype == kF32) {
     float* p = static_cast<float*>(out) + first;
     for (int64_t i = 0; i < count; i += 16) _mm512_storeu_ps(p + i, clamp_ps(_mm512_loadu_ps(buf + i), kF32Max, saturate));
   } else if (dtype == kBF16) {
@@ -112,22 +283,30 @@ inline void store_values(const float* buf, int64_t count, void* out, int32_t dty
   }
 }
 
-// FP4 codes of one finite 16-value micro-group y scaled by r, round-to-nearest-even
-// straight from the tie points (e2m1_nearest_mag), packed low nibble first into 8 bytes.
+// E2M1 magnitude (round to nearest even, saturating) of |v| by table: every tie point of
+// e2m1_nearest_mag (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) starts a quarter of an octave, so
+// the exponent and top two mantissa bits name the step, except exactly at a tie point that
+// rounds down (">": 0.25, 1.25, 2.5, 5), where the table's flag (16) takes one off.
+inline __m512i e2m1_nearest_mag(__m512i abs_bits) {
+  // index: quarter-octaves from 0.25 (1) up, 0 below, 21 from 8 on
+  const __m512i key = _mm512_srli_epi32(abs_bits, 21);
+  const __m512i idx = _mm512_min_epu16(_mm512_subs_epu16(key, _mm512_set1_epi32(499)), _mm512_set1_epi32(21));
+  const __m512i lo = _mm512_setr_epi32(0, 17, 1, 1, 1, 1, 1, 2, 2, 2, 19, 3, 4, 4, 21, 5);
+  const __m512i hi = _mm512_setr_epi32(6, 6, 23, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7);
+  const __m512i entry = _mm512_permutex2var_epi32(lo, idx, hi);
+  const __mmask16 at_tie = _mm512_testn_epi32_mask(abs_bits, _mm512_set1_epi32(0x1FFFFF));
+  const __mmask16 down = _mm512_mask_test_epi32_mask(at_tie, entry, _mm512_set1_epi32(16));
+  const __m512i mag = _mm512_and_si512(entry, _mm512_set1_epi32(15));
+  return _mm512_mask_sub_epi32(mag, down, mag, _mm512_set1_epi32(1));
+}
+
+// FP4 codes of one finite 16-value micro-group y scaled by r, round-to-nearest-even, packed
+// low nibble first into 8 bytes.
 inline void e2m1_nearest_codes(__m512 y, float r, uint8_t* out) {
-  const __m512 v = _mm512_mul_ps(y, _mm512_set1_ps(r));
-  const __m512 a = abs_ps(v);
-  const __m512i one = _mm512_set1_epi32(1);
-  __m512i mag = _mm512_setzero_si512();
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), mag, one);
-  mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), mag, one);
-  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 31), 3);
-  const __m512i codes = _mm512_or_si512(mag, sign);
+  const __m512i v = _mm512_castps_si512(_mm512_mul_ps(y, _mm512_set1_ps(r)));
+  const __m512i mag = e2m1_nearest_mag(_mm512_and_si512(v, _mm512_set1_epi32(0x7FFFFFFF)));
+  // (sign >> 28 & 8) | mag
+  const __m512i codes = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 28), _mm512_set1_epi32(8), mag, 0xEA);
   // each 64-bit lane holds (even code) | (odd code) << 32: fold the odd one into bits 4..7
   const __m512i pairs = _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(pairs));
@@ -210,6 +389,48 @@ inline void e4m3_micro_scales(const float* amax, __mmask16 finite, float c, bool
   _mm512_storeu_ps(r, rv);
 }
 
+// Lane k: the largest of the 16 lanes of a[k], for 16 registers of non-negative float bits
+// compared as unsigned integers (the order of the floats, with +inf and then NaN above every
+// finite value).  A tree of 15 maxima: each level halves the lanes a group keeps.
+inline __m512i group_max_bits(const __m512i* a) {
+  __m512i l1[8], l2[4], l3[2];
+  for (int k = 0; k < 8; ++k)  // 256-bit halves: group 2k in lanes 0-7, 2k+1 in 8-15
+    l1[k] = _mm512_max_epu32(_mm512_shuffle_i32x4(a[2 * k], a[2 * k + 1], 0x44),
+                             _mm512_shuffle_i32x4(a[2 * k], a[2 * k + 1], 0xEE));
+  for (int k = 0; k < 4; ++k)  // 128-bit blocks: group 4k + j in block j
+    l2[k] = _mm512_max_epu32(_mm512_shuffle_i32x4(l1[2 * k], l1[2 * k + 1], 0x88),
+                             _mm512_shuffle_i32x4(l1[2 * k], l1[2 * k + 1], 0xDD));
+  const __m512i lo3 = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+  const __m512i hi3 = _mm512_add_epi32(lo3, _mm512_set1_epi32(2));
+  for (int k = 0; k < 2; ++k)  // lane pairs: group 8k + j in lanes 2j, 2j+1
+    l3[k] = _mm512_max_epu32(_mm512_permutex2var_epi32(l2[2 * k], lo3, l2[2 * k + 1]),
+                             _mm512_permutex2var_epi32(l2[2 * k], hi3, l2[2 * k + 1]));
+  const __m512i lo4 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i hi4 = _mm512_add_epi32(lo4, _mm512_set1_epi32(1));
+  return _mm512_max_epu32(_mm512_permutex2var_epi32(l3[0], lo4, l3[1]), _mm512_permutex2var_epi32(l3[0], hi4, l3[1]));
+}
+
+// The micro-group maxima and finiteness of `count` micro-groups (16 values each) at b.
+inline void group_amax(const float* b, int64_t count, float* amax, __mmask16& finite) {
+  if (count == 16) {
+    __m512i a[16];
+    for (int k = 0; k < 16; ++k) a[k] = _mm512_and_si512(_mm512_loadu_si512(b + 16 * k), _mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i m = group_max_bits(a);
+    finite = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x7F800000));
+    _mm512_storeu_si512(amax, _mm512_maskz_mov_epi32(finite, m));
+    return;
+  }
+  finite = 0;
+  for (int64_t k = 0; k < 16; ++k) amax[k] = 0.0f;
+  for (int64_t k = 0; k < count; ++k) {
+    const __m512 a = abs_ps(_mm512_loadu_ps(b + 16 * k));
+    if (finite_mask(a) == 0xFFFF) {
+      finite = __mmask16(finite | (1u << k));
+      amax[k] = _mm512_reduce_max_ps(a);
+    }
+  }
+}
+
 // A span of FP4 values with E4M3 micro-scales over 16 values: micro-scales into `scales`,
 // packed codes into `codes` (the span's slices of the message).  Stochastic rounding uses
 // the counters ctr0 + i of the span's values.
@@ -218,16 +439,10 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
   const int64_t micros = len / 16;
   for (int64_t j0 = 0; j0 < micros; j0 += 16) {
     const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
-    alignas(64) float amax[16] = {0};
+    alignas(64) float amax[16];
     alignas(64) float r[16];
-    __mmask16 finite = 0;
-    for (int64_t k = 0; k < count; ++k) {
-      const __m512 a = abs_ps(_mm512_loadu_ps(b + 16 * (j0 + k)));
-      if (finite_mask(a) == 0xFFFF) {
-        finite = __mmask16(finite | (1u << k));
-        amax[k] = _mm512_reduce_max_ps(a);
-      }
-    }
+    __mmask16 finite;
+    group_amax(b + 16 * j0, count, amax, finite);
     e4m3_micro_scales(amax, finite, c, cfg.coarse != kCoarseNone, cfg.scale_round, scales + j0, r, count);
     for (int64_t k = 0; k < count; ++k) {
       uint8_t* out = codes + 8 * (j0 + k);
@@ -251,6 +466,38 @@ inline __m512 e2m1_decode(const uint8_t* in, float s) {
   const __m512i idx = _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi64(0xF)),
                                       _mm512_and_si512(_mm512_slli_epi64(bytes, 28), _mm512_set1_epi64(0xF00000000LL)));
   return _mm512_mul_ps(_mm512_permutexvar_ps(idx, table), _mm512_set1_ps(s));
+}
+
+// fp4q::e4m3_value of 16 bytes: normal values built from their fields (exact), subnormals as
+// mant * 2**-9, the sign by its bit (-0 included), NaN bytes as the positive quiet NaN.
+inline __m512 e4m3_values(__m128i bytes) {
+  const __m512i b = _mm512_cvtepu8_epi32(bytes);
+  const __m512i exp = _mm512_and_si512(_mm512_srli_epi32(b, 3), _mm512_set1_epi32(15));
+  const __m512i mant = _mm512_and_si512(b, _mm512_set1_epi32(7));
+  const __m512i normal = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(exp, _mm512_set1_epi32(120)), 23),
+                                         _mm512_slli_epi32(mant, 20));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mant), _mm512_set1_ps(0.001953125f));
+  __m512i v = _mm512_mask_mov_epi32(normal, _mm512_testn_epi32_mask(exp, exp), _mm512_castps_si512(sub));
+  v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24));
+  const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7F)), _mm512_set1_epi32(0x7F));
+  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC00000)));
+}
+
+// `micros` micro-groups of FP4 codes under E4M3 micro-scales into b (or added to b):
+// code value * (micro-scale * f), as decode_span.
+inline void decode_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, float* b,
+                                 bool accumulate) {
+  for (int64_t j0 = 0; j0 < micros; j0 += 16) {
+    const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
+    const __m128i bytes = _mm_maskz_loadu_epi8(__mmask16((1u << count) - 1u), scales + j0);
+    alignas(64) float s[16];
+    _mm512_store_ps(s, _mm512_mul_ps(e4m3_values(bytes), _mm512_set1_ps(f)));
+    for (int64_t k = 0; k < count; ++k) {
+      float* out = b + 16 * (j0 + k);
+      const __m512 v = e2m1_decode(codes + 8 * (j0 + k), s[k]);
+      _mm512_storeu_ps(out, accumulate ? _mm512_add_ps(_mm512_loadu_ps(out), v) : v);
+    }
+  }
 }
 
 }  // namespace avx512

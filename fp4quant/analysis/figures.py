@@ -65,18 +65,43 @@ def throughput(training: pd.DataFrame, out, profile: str) -> None:
 
 
 def kernels(df: pd.DataFrame, out, profile: str) -> None:
-    """Kernel throughput vs input size, with torch.clone (the copy ceiling) dashed."""
-    native = df[df.impl.isin(["native", "reference", "torchao"])].copy()
-    native["series"] = native.preset.where(native.impl == "native", native.impl + " " + native.preset)
-    ops = [o for o in ("quantize", "dequantize", "dequantize_reduce") if o in set(native.op)]
-    fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.4), sharey=True, squeeze=False)
-    clone = df[df.op == "clone"].sort_values("size_bytes")
-    for ax, op in zip(axes[0], ops):
-        d = native[native.op == op]
-        sns.lineplot(data=d, x="size_bytes", y="gbps", hue="series", marker="o", ax=ax, hue_order=_order(d.series))
-        ax.plot(clone.size_bytes, clone.gbps, "k--", label="torch.clone")
-        ax.set(xscale="log", yscale="log", xlabel="input bytes (float32)", ylabel="GB/s of input", title=op)
-        ax.legend(fontsize=6)
+    """Kernel throughput vs input size per thread count (median, bars: slowest..fastest run),
+    under the memory-bound limit from a prefaulted copy (dashed); below each, the fraction of it."""
+    d = df if "threads" in df else df.assign(threads=0)
+    measured = d[d.impl.isin(["native", "reference", "torchao"])].copy()
+    measured["series"] = measured.preset.where(measured.impl == "native", measured.impl + " " + measured.preset)
+    ops = [o for o in ("quantize", "dequantize", "dequantize_reduce") if o in set(measured.op)]
+    counts = sorted(set(measured.threads))
+    has_limit = "limit_gbps" in measured
+    rows = [(t, kind) for t in counts for kind in (("gbps", "fraction") if has_limit else ("gbps",))]
+    fig, axes = plt.subplots(len(rows), len(ops), figsize=(4.2 * len(ops), 2.6 * len(rows)), sharex=True, squeeze=False)
+    series = _order(measured.series)
+    palette = dict(zip(series, sns.color_palette("tab10", len(series))))
+    for col, op in enumerate(ops):
+        for row, (threads, kind) in enumerate(rows):
+            ax = axes[row][col]
+            o = measured[(measured.op == op) & (measured.threads == threads)]
+            for name in _order(o.series):
+                s = o[o.series == name].sort_values("size_bytes")
+                if kind == "gbps":
+                    err = [s.gbps - s.gbps_min, s.gbps_max - s.gbps] if "gbps_min" in s else None
+                    ax.errorbar(s.size_bytes, s.gbps, yerr=err, marker="o", ms=3, lw=1, capsize=2, color=palette[name],
+                                label=name)
+                else:
+                    ax.plot(s.size_bytes, s.fraction, marker="o", ms=3, lw=1, color=palette[name])
+            where = f"{threads} thread{'s' if threads != 1 else ''}" if threads else ""
+            if kind == "gbps":
+                if has_limit:
+                    ref = o[(o.impl == "native") & (o.preset == "fp4quant")].sort_values("size_bytes")
+                    ax.plot(ref.size_bytes, ref.limit_gbps, "k--", label="memory-bound limit (fp4quant's bytes)")
+                ax.set(xscale="log", yscale="log", ylabel="GB/s of input", title=f"{op}, {where}")
+            else:
+                ax.axhline(1.0, color="k", ls="--", lw=0.8)
+                ax.set(xscale="log", yscale="log", ylabel="fraction of the limit", title=f"{op}, {where}: of the limit")
+            ax.title.set_fontsize(8)
+        axes[-1][col].set(xlabel="input bytes (float32)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=7, bbox_to_anchor=(0.5, -0.04))
     _finish(fig, df, profile, out)
 
 

@@ -1,60 +1,72 @@
-"""Throughput of the codec kernels, with the memory-bandwidth ceiling and the ecosystem's peer beside them.
+"""Throughput of the codec kernels against the memory-bound limit measured in the same run.
 
-    python -m fp4quant.bench.kernels [--device cpu|cuda] [--out data/kernels_cpu.csv] [--quick]
+    python -m fp4quant.bench.kernels [--device cpu|cuda] [--out data/kernels_cpu.csv] [--threads 1,2] [--quick]
 
-For input sizes 64 KiB .. 256 MiB (bytes of the float32 input), in one run:
+For each torch thread count (default 1 and all) and input size 64 KiB .. 256 MiB (bytes of the
+float32 input), in one run:
+  a copy into a prefaulted buffer (`out.copy_(x)`: what the memory system sustains) and
+  torch.clone (a fresh buffer each call: page-fault bound on CPUs, kept for comparison);
   quantize, dequantize and dequantize_reduce (2 messages summed and re-quantized, as in a
-  two-shot all-reduce of 2 ranks) of every compressed preset, on the native kernels;
-  torch.clone of the input (the copy-bandwidth ceiling); the pure-PyTorch reference
-  quantize (up to --reference-max-mib); torchao's NVFP4 quantization (to_nvfp4 with a
-  per-tensor scale computed outside the timed region).
+  two-shot all-reduce of 2 ranks) of every compressed preset, on the native kernels; the
+  pure-PyTorch reference quantize (up to --reference-max-mib); torchao's NVFP4 quantization
+  (to_nvfp4 with a per-tensor scale computed outside the timed region).
 GB/s is bytes of input processed per second (for dequantize: of the float32 values it
-produces; for dequantize_reduce: of the values it sums).  Each figure is the median of
-repeated timed runs after a warm-up (CUDA: events).  Rows carry the hardware and versions.
+produces; for dequantize_reduce: of the values it sums), over repeated timed runs after a
+warm-up (CUDA: events): the median, and the slowest and fastest run (gbps_min, gbps_max).
+
+The memory-bound limit of an op is the copy's bytes per second (read + write; its fastest run,
+timed before and after the size's other cases: other load on the machine only slows runs
+down) over the bytes the op moves per byte it processes: quantize 4 + message bytes per value,
+dequantize message + 4, dequantize_reduce W messages + the message (for a quantize that
+writes 0.565 bytes per value: copy GB/s * 8 / 4.565).  `fraction` is the op's median against
+that limit, `fraction_best` its fastest run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
 from .. import ops
 from ..format.config import PRESETS, QuantConfig
+from ..format.packed import layout
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
 
 MiB = 1 << 20
 SIZES = [64 << 10, 256 << 10, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 QUICK_SIZES = [64 << 10, 1 * MiB]
 PRESETS_MEASURED = [p for p in PRESETS if p != "bf16"]
+WORLD = 2  # messages summed by dequantize_reduce
+# at the summary's size on all threads: the issue's targets (fraction of the memory-bound limit)
+TARGETS = {"fp4quant": 0.40, "no_fwht": 0.60, "nvfp4": 0.60}
 
 
-def timer(device: torch.device, fn: Callable[[], object], min_time: float, max_iters: int) -> tuple[float, int]:
-    """Median seconds per call of fn, after one warm-up call."""
+def timer(device: torch.device, fn: Callable[[], object], min_time: float, max_iters: int) -> list[float]:
+    """Seconds of each timed call of fn (at least 5), after one warm-up call."""
     fn()
     times: list[float] = []
-    total = 0.0
-    while len(times) < 3 or (total < min_time and len(times) < max_iters):
+    while len(times) < 5 or (sum(times) < min_time and len(times) < max_iters):
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
             end.synchronize()
-            t = start.elapsed_time(end) / 1e3
+            times.append(start.elapsed_time(end) / 1e3)
         else:
             t0 = time.perf_counter()
             fn()
-            t = time.perf_counter() - t0
-        times.append(t)
-        total += t
-    return statistics.median(times), len(times)
+            times.append(time.perf_counter() - t0)
+    return times
 
 
 def torchao_nvfp4():
@@ -72,73 +84,140 @@ def torchao_nvfp4():
     return quantize
 
 
-def measure(device: torch.device, sizes: list[int], presets: list[str], min_time: float, reference_max: int) -> list[dict]:
+def bytes_moved(op: str, numel: int, message: int) -> int:
+    """Bytes an op reads and writes for numel float32 values whose message has `message` bytes."""
+    if op in ("quantize", "dequantize"):
+        return 4 * numel + message
+    if op == "dequantize_reduce":
+        return (WORLD + 1) * message
+    return 2 * 4 * numel  # copy, clone
+
+
+@dataclass
+class Copy:
+    """The prefaulted copy of one size: bytes read + written per second, median and fastest."""
+
+    traffic: float
+    traffic_best: float
+
+
+def measure_size(device, size: int, threads: int, presets: list[str], min_time: float, reference_max: int,
+                 nvfp4, bar) -> list[dict]:
+    numel = size // 4
+    x = torch.randn(numel, device=device)
+    max_iters = 50 if size <= 16 * MiB else 9
     rows: list[dict] = []
-    nvfp4 = torchao_nvfp4()
-    steps = len(sizes) * (3 + 3 * len(presets))
-    bar = tqdm(total=steps, desc="kernels", unit="case", file=sys.stderr)
 
-    def record(op: str, impl: str, preset: str, size: int, seconds: float, iters: int, processed: int) -> None:
-        rows.append({
-            "op": op, "impl": impl, "preset": preset, "size_bytes": size, "numel": size // 4,
-            "seconds": seconds, "gbps": processed / seconds / 1e9, "iters": iters,
-        })
+    def record(op, impl, preset, times, processed, moved, copy: Copy | None):
+        t = sorted(times)
+        row = {"op": op, "impl": impl, "preset": preset, "size_bytes": size, "numel": numel, "threads": threads,
+               "seconds": statistics.median(t), "gbps": processed / statistics.median(t) / 1e9,
+               "gbps_min": processed / t[-1] / 1e9, "gbps_max": processed / t[0] / 1e9, "iters": len(t),
+               "bytes_moved": moved}
+        if copy is not None:
+            row["limit_gbps"] = copy.traffic * processed / moved / 1e9
+            row["fraction"] = row["gbps"] / row["limit_gbps"]
+            row["fraction_best"] = row["gbps_max"] / (copy.traffic_best * processed / moved / 1e9)
+        rows.append(row)
+        bar.update()
 
-    for size in sizes:
-        numel = size // 4
-        x = torch.randn(numel, device=device)
-        max_iters = 50 if size <= 16 * MiB else 7
-        t, k = timer(device, lambda: x.clone(), min_time, max_iters)
-        record("clone", "torch", "", size, t, k, size)
-        bar.update()
-        if size <= reference_max:
-            ref_cfg = QuantConfig.preset("fp4quant")
-            from ..reference import codec as reference
+    out = torch.empty_like(x)
+    out.copy_(x)  # prefault: the copy measures memory, not the kernel's page-zeroing
+    copy_times = timer(device, lambda: out.copy_(x), min_time, max_iters)
+    # the limit: the copy's fastest run (other load on the machine only slows runs down)
+    copy = Copy(2 * size / min(copy_times), 2 * size / min(copy_times))
+    record("clone", "torch", "", timer(device, lambda: x.clone(), min_time, max_iters), size,
+           bytes_moved("clone", numel, 0), copy)
+    fp4_message = layout(numel, QuantConfig.preset("fp4quant")).nbytes
+    if size <= reference_max:
+        from ..reference import codec as reference
 
-            t, k = timer(device, lambda: reference.quantize_rows(x[None], ref_cfg), min_time, 3)
-            record("quantize", "reference", "fp4quant", size, t, k, size)
-        bar.update()
-        if nvfp4 is not None:
-            x2d = x.view(-1, 4096) if numel % 4096 == 0 else x.view(1, -1)
-            scale = x.abs().amax() / 2688  # given, not timed: the kindest setting for the peer
-            t, k = timer(device, lambda: nvfp4(x2d, scale), min_time, max_iters)
-            record("quantize", "torchao", "nvfp4", size, t, k, size)
-        bar.update()
-        for name in presets:
-            config = QuantConfig.preset(name)
-            t, k = timer(device, lambda: ops.quantize_rows(x[None], config), min_time, max_iters)
-            record("quantize", ops.backend(device), name, size, t, k, size)
-            bar.update()
-            msg = ops.quantize_rows(x[None], config)
-            t, k = timer(device, lambda: ops.dequantize_rows(msg, numel, config, torch.float32), min_time, max_iters)
-            record("dequantize", ops.backend(device), name, size, t, k, size)
-            bar.update()
-            two = torch.cat([msg, msg])
-            t, k = timer(device, lambda: ops.dequantize_reduce(two, numel, config, torch.float32, True), min_time, max_iters)
-            record("dequantize_reduce", ops.backend(device), name, size, t, k, 2 * size)
-            bar.update()
-    bar.close()
+        cfg = QuantConfig.preset("fp4quant")
+        record("quantize", "reference", "fp4quant", timer(device, lambda: reference.quantize_rows(x[None], cfg), min_time, 3),
+               size, bytes_moved("quantize", numel, fp4_message), copy)
+    if nvfp4 is not None:
+        x2d = x.view(-1, 4096) if numel % 4096 == 0 else x.view(1, -1)
+        scale = x.abs().amax() / 2688  # given, not timed: the kindest setting for the peer
+        message = layout(numel, QuantConfig.preset("nvfp4")).nbytes
+        record("quantize", "torchao", "nvfp4", timer(device, lambda: nvfp4(x2d, scale), min_time, max_iters), size,
+               bytes_moved("quantize", numel, message), copy)
+    backend = ops.backend(device)
+    for name in presets:
+        config = QuantConfig.preset(name)
+        msg = ops.quantize_rows(x[None], config)
+        message = msg.numel()
+        record("quantize", backend, name, timer(device, lambda: ops.quantize_rows(x[None], config), min_time, max_iters),
+               size, bytes_moved("quantize", numel, message), copy)
+        record("dequantize", backend, name,
+               timer(device, lambda: ops.dequantize_rows(msg, numel, config, torch.float32), min_time, max_iters),
+               size, bytes_moved("dequantize", numel, message), copy)
+        many = torch.cat([msg] * WORLD)
+        record("dequantize_reduce", backend, name,
+               timer(device, lambda: ops.dequantize_reduce(many, numel, config, torch.float32, True), min_time, max_iters),
+               WORLD * size, bytes_moved("dequantize_reduce", numel, message), copy)
+    # the copy once more after the ops, and the limits from its fastest run of both
+    copy_times += timer(device, lambda: out.copy_(x), min_time, max_iters)
+    best = min(copy_times)
+    for r in rows:
+        processed = r["gbps"] * r["seconds"] * 1e9
+        r["limit_gbps"] = 2 * size / best * processed / r["bytes_moved"] / 1e9
+        r["fraction"] = r["gbps"] / r["limit_gbps"]
+        r["fraction_best"] = r["gbps_max"] / r["limit_gbps"]
+    record("copy", "torch", "", copy_times, size, bytes_moved("copy", numel, 0), Copy(2 * size / best, 2 * size / best))
     return rows
 
 
-def summary(rows: list[dict], size: int = 64 * MiB) -> dict:
-    """The issue's targets at one size: fp4quant quantize against torchao, the reference and clone."""
-    def gbps(op, impl, preset):
-        for r in rows:
-            if (r["op"], r["impl"], r["preset"], r["size_bytes"]) == (op, impl, preset, size):
-                return r["gbps"]
-        return None
+def measure(device: torch.device, sizes: list[int], presets: list[str], min_time: float, reference_max: int,
+            thread_counts: list[int]) -> list[dict]:
+    rows: list[dict] = []
+    nvfp4 = torchao_nvfp4()
+    before = torch.get_num_threads()
+    bar = tqdm(total=len(thread_counts) * len(sizes) * (4 + 3 * len(presets)), desc="kernels", unit="case",
+               file=sys.stderr)
+    try:
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            for size in sizes:
+                rows += measure_size(device, size, threads, presets, min_time, reference_max, nvfp4, bar)
+    finally:
+        torch.set_num_threads(before)
+        bar.close()
+    return rows
 
-    ours = gbps("quantize", "native", "fp4quant")
-    out = {"size_bytes": size, "fp4quant_quantize_gbps": ours}
-    for key, other in (("torchao_nvfp4", gbps("quantize", "torchao", "nvfp4")),
-                       ("reference", gbps("quantize", "reference", "fp4quant")),
-                       ("clone", gbps("clone", "torch", ""))):
+
+def summary(rows: list[dict], size: int, threads: int) -> dict:
+    """At one size and thread count: the fractions of the memory-bound limit against the targets,
+    and fp4quant's quantize against torchao's NVFP4, the reference and clone."""
+    at = {(r["op"], r["impl"], r["preset"]): r for r in rows if r["size_bytes"] == size and r["threads"] == threads}
+
+    def get(op, impl, preset, key="gbps"):
+        row = at.get((op, impl, preset))
+        return row.get(key) if row else None
+
+    ours = get("quantize", "native", "fp4quant")
+    out = {"size_bytes": size, "threads": threads, "fp4quant_quantize_gbps": ours,
+           "copy_gbps": get("copy", "torch", ""), "quantize_limit_gbps": get("quantize", "native", "fp4quant", "limit_gbps")}
+    for key, other in (("torchao_nvfp4", get("quantize", "torchao", "nvfp4")),
+                       ("reference", get("quantize", "reference", "fp4quant")), ("clone", get("clone", "torch", ""))):
         out[f"{key}_gbps"] = other
         out[f"fp4quant_over_{key}"] = ours / other if ours and other else None
-    warp, naive = gbps("quantize", "native", "fp4quant"), gbps("quantize", "native", "naive_pack")
+    for preset, target in TARGETS.items():
+        for op in ("quantize", "dequantize", "dequantize_reduce"):
+            out[f"{preset}_{op}_fraction"] = get(op, "native", preset, "fraction")
+            out[f"{preset}_{op}_fraction_best"] = get(op, "native", preset, "fraction_best")
+        out[f"{preset}_quantize_target"] = target
+    warp, naive = ours, get("quantize", "native", "naive_pack")
     out["warp_over_naive_packing"] = warp / naive if warp and naive else None
     return out
+
+
+def thread_list(spec: str | None) -> list[int]:
+    if spec is None:
+        return sorted({1, torch.get_num_threads()})
+    counts = [int(t) for t in spec.split(",")]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--threads wants positive thread counts separated by commas, got {spec!r}")
+    return counts
 
 
 def main(argv=None) -> int:
@@ -146,22 +225,30 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--out", default=None, help="CSV path (default data/kernels_<device>.csv)")
     ap.add_argument("--quick", action="store_true", help="two small sizes, fewer presets (a smoke test)")
-    ap.add_argument("--min-time", type=float, default=0.3, help="seconds of timed runs per case (at least 3 runs)")
+    ap.add_argument("--threads", default=None, help="torch thread counts, e.g. 1,2 (default: 1 and all)")
+    ap.add_argument("--min-time", type=float, default=0.3, help="seconds of timed runs per case (at least 5 runs)")
     ap.add_argument("--reference-max-mib", type=int, default=64, help="largest size the slow reference is timed at")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda but torch sees no GPU")
+    try:
+        thread_counts = thread_list(args.threads)
+    except ValueError as exc:
+        ap.error(str(exc))
     out = args.out or f"data/kernels_{device.type}.csv"
     sizes = QUICK_SIZES if args.quick else SIZES
-    presets = ["fp4quant", "naive_pack", "nvfp4"] if args.quick else PRESETS_MEASURED
-    prov = provenance(device, threads=torch.get_num_threads(), backend=ops.backend(device), sizes=sizes)
-    rows = measure(device, sizes, presets, 0.05 if args.quick else args.min_time, args.reference_max_mib * MiB)
+    presets = ["fp4quant", "no_fwht", "naive_pack", "nvfp4"] if args.quick else PRESETS_MEASURED
+    isa = ops._native.module.cpu_isa() if ops._native.module is not None else None
+    prov = provenance(device, threads=thread_counts, backend=ops.backend(device), cpu_isa=isa, sizes=sizes,
+                      load_average_before=list(os.getloadavg()))
+    rows = measure(device, sizes, presets, 0.05 if args.quick else args.min_time, args.reference_max_mib * MiB,
+                   thread_counts)
+    prov["load_average_after"] = list(os.getloadavg())
     for r in rows:
-        r.update(device=device.type, hardware=prov["hardware"], threads=prov["threads"], torch=prov["torch"],
-                 commit=prov["commit"])
+        r.update(device=device.type, hardware=prov["hardware"], cpu_isa=isa, torch=prov["torch"], commit=prov["commit"])
     atomic_write_csv(out, rows)
-    prov["summary"] = summary(rows, min(64 * MiB, max(sizes)))
+    prov["summary"] = summary(rows, min(64 * MiB, max(sizes)), max(thread_counts))
     atomic_write_json(out + ".meta.json", prov)
     print(f"wrote {len(rows)} rows to {out}", file=sys.stderr)
     for key, value in prov["summary"].items():

@@ -5,16 +5,40 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from fp4quant.bench import kernels
+from fp4quant.format.config import QuantConfig
+from fp4quant.format.packed import layout
 
 
-def test_quick_run_writes_csv_and_summary(tmp_path):
+def test_quick_run_writes_csv_limits_and_summary(tmp_path):
     out = tmp_path / "k.csv"
-    assert kernels.main(["--quick", "--out", str(out)]) == 0
+    assert kernels.main(["--quick", "--threads", "1,2", "--out", str(out)]) == 0
     df = pd.read_csv(out)
-    assert {"clone", "quantize", "dequantize", "dequantize_reduce"} <= set(df.op)
+    assert {"copy", "clone", "quantize", "dequantize", "dequantize_reduce"} <= set(df.op)
     assert {"torch", "reference", "torchao"} <= set(df.impl)
+    assert set(df.threads) == {1, 2}
     assert (df.gbps > 0).all() and df.hardware.str.contains("CPU").all()
+    assert (df.gbps_min <= df.gbps).all() and (df.gbps <= df.gbps_max).all()
+    # the limit of each op follows from the copy of its size and thread count and the bytes it moves
+    for (size, threads), g in df.groupby(["size_bytes", "threads"]):
+        copy = g[g.op == "copy"].iloc[0]
+        traffic = 2 * copy.gbps_max * 1e9  # the copy's fastest run, before and after the ops
+        assert copy.iters >= 10
+        for r in g[g.op != "copy"].itertuples():
+            processed = size * (kernels.WORLD if r.op == "dequantize_reduce" else 1)
+            assert r.limit_gbps == pytest.approx(traffic * processed / r.bytes_moved / 1e9)
+            assert r.fraction == pytest.approx(r.gbps / r.limit_gbps)
+            assert r.fraction_best == pytest.approx(r.gbps_max / r.limit_gbps)
+    q = df[(df.op == "quantize") & (df.impl == "native") & (df.preset == "fp4quant")].iloc[0]
+    assert q.bytes_moved == 4 * q.numel + layout(q.numel, QuantConfig.preset("fp4quant")).nbytes
     meta = json.loads((tmp_path / "k.csv.meta.json").read_text())
-    assert meta["summary"]["fp4quant_over_reference"] > 1
+    assert meta["summary"]["fp4quant_over_reference"] > 1 and meta["threads"] == [1, 2]
+    assert len(meta["load_average_before"]) == 3 and meta["cpu_isa"]
+    assert 0 < meta["summary"]["fp4quant_quantize_fraction"]
+
+
+def test_bad_thread_counts_are_refused():
+    with pytest.raises(SystemExit):
+        kernels.main(["--threads", "0", "--quick"])

@@ -312,3 +312,15 @@ def test_build_provenance_mismatch_is_explained(monkeypatch, tmp_path):
     assert "without its extension" in _native._load()[2]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+
+
+def test_e2m1_rounding_on_a_fine_grid_and_one_ulp_around_every_tie():
+    """The table-driven E2M1 rounding of the fast path: 4097 magnitudes across [0, 6], the tie
+    points, and the floats just above and below each, both signs, at micro-scale 1."""
+    config = QuantConfig.preset("no_fwht", micro_group=16, group=16, coarse_scale="none")
+    vals = torch.tensor([6.0 * i / 4096 for i in range(4097)] + [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])
+    near = torch.cat([vals, torch.nextafter(vals, torch.full_like(vals, 10.0)), torch.nextafter(vals, torch.zeros_like(vals))])
+    x = near[: near.numel() // 16 * 16].reshape(-1, 16).clone()
+    x[:, 0] = 6.0  # each micro-group's amax is 6: its scale is 1
+    x = torch.cat([x, -x]).reshape(1, -1)
+    assert torch.equal(ops.quantize_rows(x, config), reference.quantize_rows(x, config))

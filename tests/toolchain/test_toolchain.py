@@ -205,3 +205,18 @@ def test_a_toolkit_needs_no_extra_paths_and_a_missing_runtime_is_named(tmp_path)
     assert toolchain.cudart_paths(str(tmp_path), tmp_path / "link") == ([], [])
     with pytest.raises(BuildError, match="libcudart.so\\) is missing beside nvcc"):
         toolchain.cudart_paths(str(tmp_path / "empty"), tmp_path / "link")
+
+
+def test_torch_openmp_finds_the_runtime_torch_ships(tmp_path):
+    torch_dir = tmp_path / "torch"
+    (torch_dir / "lib").mkdir(parents=True)
+    assert toolchain.torch_openmp(torch_dir) is None
+    (tmp_path / "torch.libs").mkdir()
+    (tmp_path / "torch.libs" / "libgomp-a34b3233.so.1").write_bytes(b"")  # auditwheel's renamed copy
+    found = toolchain.torch_openmp(torch_dir)
+    assert found.library.name == "libgomp-a34b3233.so.1"
+    assert found.link_flags() == [f"-L{tmp_path / 'torch.libs'}", "-l:libgomp-a34b3233.so.1",
+                                  f"-Wl,-rpath,{tmp_path / 'torch.libs'}"]
+    (torch_dir / "lib" / "libgomp.so.1").write_bytes(b"")  # torch/lib first, as the CPU wheel ships it
+    assert toolchain.torch_openmp(torch_dir).library == torch_dir / "lib" / "libgomp.so.1"
+    assert found.compile_flags() == ["-fopenmp"]
