@@ -16,7 +16,7 @@ import seaborn as sns  # noqa: E402
 from ..provenance import atomic_write_bytes  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
 
-FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity")
+FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity", "traffic")
 ORDER = ["bf16", "fp4quant", "no_fwht", "single_scale", "naive_pack", "nvfp4", "mxfp4", "int4", "fp8"]
 
 
@@ -155,6 +155,38 @@ def error(df: pd.DataFrame, out, profile: str) -> None:
     ax.set(xlabel="format", ylabel="SQNR (dB), higher is better", title="quantize -> dequantize error")
     ax.tick_params(axis="x", rotation=20)
     ax.legend(fontsize=6, ncol=3)
+    _finish(fig, df, profile, out)
+
+
+def traffic_label(row) -> str:
+    """A method of fp4quant.bench.traffic as one label: the preset, or no_fwht's rotation size."""
+    if row.study == "presets":
+        return row.method
+    return f"{row.method} R={row.rotation}" if row.rotation != "none" else f"{row.method} R=none"
+
+
+def traffic(df: pd.DataFrame, out, profile: str) -> None:
+    """SQNR on captured TP traffic per method, forward and backward apart: a box per method
+    over the captured tensors (steps x sites x ranks), the 4-over-6 scale choice beside the default."""
+    d = df.assign(label=[traffic_label(r) for r in df.itertuples()])
+    labels = _order(d[d.study == "presets"].label) + list(dict.fromkeys(d[d.study != "presets"].label))
+    directions = [x for x in ("fwd", "bwd") if x in set(d.direction)]
+    fig, axes = plt.subplots(1, len(directions), figsize=(6.0 * len(directions), 3.6), sharey=True, squeeze=False)
+    for ax, direction in zip(axes[0], directions):
+        sub = d[d.direction == direction]
+        sns.boxplot(data=sub, x="label", y="sqnr_db", hue="scale_select", order=[x for x in labels if x in set(sub.label)],
+                    hue_order=[h for h in ("max_to_6", "4_over_6") if h in set(sub.scale_select)], ax=ax, fliersize=2,
+                    linewidth=0.7)
+        ax.set(xlabel="", ylabel="SQNR (dB), higher is better",
+               title={"fwd": "forward: activations after row-parallel layers",
+                      "bwd": "backward: input gradients before column-parallel layers"}[direction])
+        ax.title.set_fontsize(8)
+        ax.tick_params(axis="x", rotation=35, labelsize=7)
+        ax.legend(fontsize=6, title="micro-scale", title_fontsize=6)
+    steps = ", ".join(str(s) for s in sorted(set(d.step)))
+    fig.suptitle(f"measured on captured TP traffic of {d.model.iloc[0]}, steps {steps} "
+                 f"({d.groupby(['direction', 'label', 'scale_select']).size().min()}+ tensors per box; "
+                 "R: signed Hadamard size before no_fwht)", fontsize=8)
     _finish(fig, df, profile, out)
 
 
