@@ -15,7 +15,8 @@ Every such tensor is compressed (one message, as bench.error does) by
 Output: ``--out`` with one row per tensor (direction, site, step, rank) and method: NMSE and
 SQNR = -10 log10(NMSE) in dB, as bench.error defines them; ``<out stem>_summary.csv`` with
 one row per direction and method: the SQNR of the pooled error and the median, min, max and
-SD of the per-tensor SQNRs over steps, sites and ranks; ``.meta.json`` provenance beside each.
+SD of the per-tensor SQNRs over steps, sites and ranks, and the median, min and max of the
+paired difference to no_fwht on the same tensor; ``.meta.json`` provenance beside each.
 """
 
 from __future__ import annotations
@@ -119,21 +120,32 @@ def measure(captures: list[dict], group: int | None = None) -> list[dict]:
     return rows
 
 
+BASELINE = {"study": "presets", "method": "no_fwht"}  # what the paired differences are taken against
+TENSOR = ("direction", "site", "step", "rank")
+
+
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per direction and method: the pooled SQNR (energy-weighted) and the spread of the per-tensor SQNRs."""
+    """Per direction and method: the pooled SQNR (energy-weighted), the spread of the per-tensor
+    SQNRs, and the spread of their paired differences to no_fwht's on the same tensor."""
     keys = ("direction", "study", "method", "rotation", "scale_select")
     groups: dict[tuple, list[dict]] = {}
+    base = {}
     for r in rows:
         groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+        if all(r[k] == v for k, v in BASELINE.items()):
+            base[tuple(r[k] for k in TENSOR)] = r["sqnr_db"]
     out = []
     for key, rs in groups.items():
         sq = [r["sqnr_db"] for r in rs]
+        delta = [r["sqnr_db"] - base[tuple(r[k] for k in TENSOR)] for r in rs]
         err = sum(r["nmse"] * r["rms"] ** 2 * r["numel"] for r in rs)
         energy = sum(r["rms"] ** 2 * r["numel"] for r in rs)
         out.append({**dict(zip(keys, key)), "tensors": len(rs), "steps": len({r["step"] for r in rs}),
                     "sites": len({r["site"] for r in rs}), "sqnr_pooled_db": -10 * math.log10(err / energy),
                     "sqnr_median_db": statistics.median(sq), "sqnr_min_db": min(sq), "sqnr_max_db": max(sq),
-                    "sqnr_sd_db": statistics.stdev(sq) if len(sq) > 1 else 0.0})
+                    "sqnr_sd_db": statistics.stdev(sq) if len(sq) > 1 else 0.0,
+                    "vs_no_fwht_median_db": statistics.median(delta), "vs_no_fwht_min_db": min(delta),
+                    "vs_no_fwht_max_db": max(delta)})
     return out
 
 
@@ -147,7 +159,10 @@ def main(argv=None) -> int:
     ap.add_argument("--captures", required=True, help="a capture folder (a run's traffic/)")
     ap.add_argument("--out", default="data/cpu/bench/traffic.csv")
     ap.add_argument("--group", type=int, default=None, help="coarse group of the rotation study (default: no_fwht's)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (the tensors are small: more threads mostly contend, ~10x slower on a busy machine)")
     args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
     try:
         captures = load_captures(args.captures)
         QuantConfig.preset("no_fwht", **({"group": args.group} if args.group else {}))

@@ -56,6 +56,9 @@ def test_measures_every_method_on_every_captured_tensor(tmp_path):
     for r in summary:
         assert float(r["sqnr_min_db"]) <= float(r["sqnr_median_db"]) <= float(r["sqnr_max_db"])
         assert float(r["sqnr_sd_db"]) >= 0 and r["commit"]
+        assert float(r["vs_no_fwht_min_db"]) <= float(r["vs_no_fwht_median_db"]) <= float(r["vs_no_fwht_max_db"])
+        if r["study"] == "presets" and r["method"] == "no_fwht":
+            assert float(r["vs_no_fwht_min_db"]) == float(r["vs_no_fwht_max_db"]) == 0
 
 
 def sqnr(rows, **match):
