@@ -1,8 +1,11 @@
-# The codec on the tensors that cross the wire: a short BF16 run of the configured model saves
-# its TP traffic at three steps (--capture-traffic-steps), and bench.traffic measures every
-# preset, the FWHT's size and the 4-over-6 scale choice on it.
+# The codec on the tensors that cross the wire: a short BF16 run (bench.traffic_model, tiny by
+# default: a large model's traffic is GBs per step) saves its TP traffic at three steps
+# (--capture-traffic-steps), and bench.traffic measures every preset, the FWHT's size and the
+# 4-over-6 scale choice on it.
 TRAFFIC_STEPS = 6 if QUICK else config["bench"]["traffic_steps"]
-TRAFFIC_RUN = f"{OUT}/traffic/{MODEL}"
+TRAFFIC_MODEL = config["bench"]["traffic_model"]
+TRAFFIC_TP = config["bench"]["traffic_tp"]
+TRAFFIC_RUN = f"{OUT}/traffic/{TRAFFIC_MODEL.rstrip('/').split('/')[-1]}"
 
 
 rule traffic_capture:
@@ -14,8 +17,9 @@ rule traffic_capture:
     log:
         f"{OUT}/logs/traffic_capture.log",
     params:
-        launch=launcher(),
-        args=" ".join(f"--{k.replace('_', '-')} {TRAIN[k]}" for k in ("model", "tp", "seq_len", "batch_size") if k in TRAIN)
+        launch=launcher(TRAFFIC_TP),
+        args=f"--model {TRAFFIC_MODEL} --tp {TRAFFIC_TP} "
+        + " ".join(f"--{k.replace('_', '-')} {TRAIN[k]}" for k in ("seq_len", "batch_size") if k in TRAIN)
         + (f" --device {config['launcher']['device']}" if config["launcher"].get("device") else ""),
         capture=f"1,{TRAFFIC_STEPS // 2},{TRAFFIC_STEPS - 1}",
     threads: workflow.cores
