@@ -110,8 +110,9 @@ class TPCommunicator:
             self.capture.start_step(step)
         self.validate = validate or self.config.validate
 
-    def _options(self, direction: str, x: torch.Tensor) -> dict:
-        """The collective's arguments (and ``x``, this rank's contribution, to the capture if any)."""
+    def _prepare(self, direction: str, x: torch.Tensor) -> dict:
+        """Check ``direction``, hand ``x`` (this rank's contribution) to the capture if any, and
+        return the collective's arguments."""
         if direction not in self.routes:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         if self.capture is not None:
@@ -129,7 +130,7 @@ class TPCommunicator:
         """Sum over the group, in place; returns x."""
         self._check_real()
         if self.world > 1:
-            all_reduce(x, algorithm=self.config.algorithm, **self._options(direction, x))
+            all_reduce(x, algorithm=self.config.algorithm, **self._prepare(direction, x))
         return x
 
     def all_gather(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -138,7 +139,7 @@ class TPCommunicator:
         if self.world == 1:
             return x
         out = x.new_empty((self.world * x.shape[0], *x.shape[1:]))
-        all_gather(out, x, **self._options(direction, x))
+        all_gather(out, x, **self._prepare(direction, x))
         return out
 
     def reduce_scatter(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -149,7 +150,7 @@ class TPCommunicator:
         if x.shape[0] % self.world:
             raise ValueError(f"dim 0 ({x.shape[0]}) is not divisible by the TP size {self.world}")
         out = x.new_empty((x.shape[0] // self.world, *x.shape[1:]))
-        reduce_scatter(out, x, **self._options(direction, x))
+        reduce_scatter(out, x, **self._prepare(direction, x))
         return out
 
     def all_reduce_exact(self, x: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
