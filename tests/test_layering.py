@@ -22,12 +22,14 @@ ALLOWED: dict[str, set[str]] = {
     "reference": {"format"},
     "ops": {"format", "reference", "_C"},
     "comm": {"format", "ops", "reference", "provenance"},
-    "parallel": {"comm", "format", "reference"},  # reference: Quartet's pseudo-quantized GEMMs (parallel.compute)
+    # reference: Quartet's pseudo-quantized GEMMs (parallel.compute); provenance: traffic captures (parallel.capture)
+    "parallel": {"comm", "format", "reference", "provenance"},
     "models": {"parallel", "comm", "format"},
     "train": {"models", "parallel", "comm", "format", "ops", "data"} | BASE,
     "cluster": {"models", "parallel", "comm", "format", "ops"} | BASE,
-    # a comm benchmark measures the collectives alone: no trainer, models or data behind it
-    "bench": {"comm", "ops", "reference", "format", ROOT} | BASE,
+    # a comm benchmark measures the collectives alone: no trainer, models or data behind it;
+    # parallel: bench.traffic reads the captured TP traffic (parallel.capture's files)
+    "bench": {"comm", "ops", "reference", "format", "parallel", ROOT} | BASE,
     "perfmodel": {"cluster", "models", "format"} | BASE,
     "analysis": BASE,
     "info": {"ops", ROOT} | BASE,

@@ -23,7 +23,8 @@ from .tables import TABLES
 READS = {"throughput": ["training"], "kernels": ["kernels"], "allreduce": ["collectives"], "projection": ["projection"],
          "sensitivity": ["projection_sensitivity"],
          "convergence": ["curves", "training"], "error": ["error"], "formats": ["error"], "ablation": ["ablation"],
-         "end_to_end": ["training"]}
+         "end_to_end": ["training"],
+         "traffic": ["traffic"]}
 
 
 def _write(df: pd.DataFrame, path: Path) -> None:
@@ -77,6 +78,8 @@ def cmd_figure(a) -> None:
         figures.projection(read("projection"), a.out, a.profile)
     elif a.name == "sensitivity":
         figures.sensitivity(read("projection_sensitivity"), a.out, a.profile)
+    elif a.name == "traffic":  # --results: the folder of bench/traffic.csv
+        figures.traffic(read("traffic"), a.out, a.profile)
     elif a.name == "convergence":
         figures.convergence(read("curves"), read("training"), a.out, a.profile)
     else:

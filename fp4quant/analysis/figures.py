@@ -16,7 +16,7 @@ import seaborn as sns  # noqa: E402
 from ..provenance import atomic_write_bytes  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
 
-FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity")
+FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity", "traffic")
 ORDER = ["bf16", "fp4quant", "no_fwht", "single_scale", "naive_pack", "nvfp4", "mxfp4", "int4", "fp8"]
 
 
@@ -180,6 +180,49 @@ def error(df: pd.DataFrame, out, profile: str) -> None:
     ax.set(xlabel="format", ylabel="SQNR (dB), higher is better", title="quantize -> dequantize error")
     ax.tick_params(axis="x", rotation=20)
     ax.legend(fontsize=6, ncol=3)
+    _finish(fig, df, profile, out)
+
+
+def traffic_label(row) -> str:
+    """A method of fp4quant.bench.traffic as one label: the preset, or no_fwht's rotation size."""
+    if row.study == "presets":
+        return row.method
+    return f"{row.method} R={row.rotation}" if row.rotation != "none" else f"{row.method} R=none"
+
+
+def traffic(df: pd.DataFrame, out, profile: str) -> None:
+    """Top: SQNR on captured TP traffic per method, forward and backward apart, a box per method
+    over the captured tensors (steps x sites x ranks), the 4-over-6 scale choice beside the
+    default.  Bottom: the FP4 / E4M3-scale methods' paired difference to no_fwht on the same tensor."""
+    tensor = ["direction", "site", "step", "rank"]
+    d = df.assign(label=[traffic_label(r) for r in df.itertuples()])
+    base = d[(d.study == "presets") & (d.method == "no_fwht")].set_index(tensor).sqnr_db
+    d["vs_no_fwht"] = d.sqnr_db.to_numpy() - base.reindex(pd.MultiIndex.from_frame(d[tensor])).to_numpy()
+    labels = _order(d[d.study == "presets"].label) + list(dict.fromkeys(d[d.study != "presets"].label))
+    paired = [x for x in labels if x in ("fp4quant", "nvfp4") or x.startswith(("no_fwht R=", "nvfp4 R="))]
+    directions = [x for x in ("fwd", "bwd") if x in set(d.direction)]
+    fig, axes = plt.subplots(2, len(directions), figsize=(6.0 * len(directions), 6.4), squeeze=False,
+                             gridspec_kw={"height_ratios": [1, 1.3]})
+    hues = [h for h in ("max_to_6", "4_over_6") if h in set(d.scale_select)]
+    for col, direction in enumerate(directions):
+        sub = d[d.direction == direction]
+        for ax, y, order in ((axes[0][col], "sqnr_db", labels), (axes[1][col], "vs_no_fwht", paired)):
+            sns.boxplot(data=sub[sub.label.isin(order)], x="label", y=y, hue="scale_select", hue_order=hues, ax=ax,
+                        order=[x for x in order if x in set(sub.label)], fliersize=2, linewidth=0.7)
+            ax.set(xlabel="")
+            ax.tick_params(axis="x", rotation=35, labelsize=7)
+            ax.legend(fontsize=6, title="micro-scale", title_fontsize=6)
+        axes[0][col].set(ylabel="SQNR (dB), higher is better",
+                         title={"fwd": "forward: activations after row-parallel layers",
+                                "bwd": "backward: input gradients before column-parallel layers"}[direction])
+        axes[0][col].title.set_fontsize(8)
+        axes[1][col].axhline(0.0, color="k", lw=0.8)
+        axes[1][col].set(ylabel="SQNR - no_fwht's, same tensor (dB)")
+    steps = ", ".join(str(s) for s in sorted(set(d.step)))
+    fig.suptitle(f"measured on captured TP traffic of {d.model.iloc[0]}, steps {steps} "
+                 f"({d.groupby(['direction', 'label', 'scale_select']).size().min()}+ tensors per box; "
+                 "R: signed Hadamard size before no_fwht)", fontsize=8)
+    fig.tight_layout()
     _finish(fig, df, profile, out)
 
 

@@ -19,7 +19,7 @@ from .figures import FIGURES
 from .origin import MixedOrigin, check_same_origin, read_stamp
 from .tables import TABLES
 
-SKIPPED_DIRS = {"tokens", "checkpoints", ".snakemake"}  # large, and rebuilt by any run
+SKIPPED_DIRS = {"tokens", "checkpoints", ".snakemake", "traffic"}  # large, and rebuilt by any run (traffic: captured tensors)
 
 
 def run_files(data: Path) -> list[Path]:
@@ -29,8 +29,9 @@ def run_files(data: Path) -> list[Path]:
 
 
 def made_from_run(figures: Path, tables: Path, data: Path) -> list[Path]:
-    """The figures and tables the run's results make (projection only where the run has one)."""
-    names = [n for n in FIGURES if n != "projection" or (data / "results" / "projection.csv").exists()]
+    """The figures and tables the run's results make (projection and traffic only where the run has them)."""
+    optional = {"projection": data / "results" / "projection.csv", "traffic": data / "bench" / "traffic.csv"}
+    names = [n for n in FIGURES if n not in optional or optional[n].exists()]
     return [figures / f"{n}.pdf" for n in names] + [tables / f"{n}.tex" for n in TABLES]
 
 

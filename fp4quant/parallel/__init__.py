@@ -5,6 +5,7 @@ communicator  TPCommunicator: owns both directions of TP traffic (forward activa
               backward input gradients), each resolved once to a Route (the wire it
               sends, its stats key), and the random streams of its compressed calls
 mappings      the conjugate autograd functions (copy/reduce, gather/scatter)
+capture       TrafficCapture: the tensors that cross the wire at chosen steps, saved to a folder
 compute       ComputeConfig, LinearCompute: the linear layers' GEMMs, exact or Quartet's FP4
 layers        ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
               vocab_parallel_cross_entropy
@@ -13,6 +14,7 @@ styles        CompressedColwiseParallel, CompressedRowwiseParallel, CompressedSe
 hf_plan       tp_plan(model): the compressed plan of a Hugging Face Qwen2 / Llama model
 """
 
+from .capture import TrafficCapture, load_captures
 from .communicator import CommConfig, Route, TPCommunicator
 from .compute import ComputeConfig, LinearCompute
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, vocab_parallel_cross_entropy
@@ -37,8 +39,10 @@ __all__ = [
     "Route",
     "RowParallelLinear",
     "TPCommunicator",
+    "TrafficCapture",
     "VocabParallelEmbedding",
     "init_mesh",
+    "load_captures",
     "register_transformers_styles",
     "start_step",
     "tp_plan",

@@ -15,7 +15,8 @@ preset.
 
 The communicator owns the random streams of its compressed calls (a RandomStreams of
 ``CommConfig.seed``); a trainer keys them by step with ``start_step``, so a resumed run
-replays them exactly.
+replays them exactly.  Given a TrafficCapture (fp4quant.parallel.capture), it hands it
+this rank's contribution to every collective of a captured step.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 from ..comm import DEFAULT_CHUNK_BYTES, RandomStreams, Wire, all_gather, all_reduce, reduce_scatter
 from ..format.config import QuantConfig
+from .capture import TrafficCapture
 
 COMPRESS_CHOICES = ("none", "fwd", "bwd", "both")
 DIRECTIONS = ("fwd", "bwd")
@@ -80,8 +82,10 @@ class Route:
 class TPCommunicator:
     """Collectives of one tensor-parallel group.  With TP = 1 nothing is sent (and nothing compressed)."""
 
-    def __init__(self, group: dist.ProcessGroup | None, config: CommConfig | None = None):
+    def __init__(self, group: dist.ProcessGroup | None, config: CommConfig | None = None,
+                 capture: TrafficCapture | None = None):
         self.group = group
+        self.capture = capture
         self.config = config or CommConfig()
         self.routes = {d: Route(Wire.of(getattr(self.config, d), uncompressed="cast"), d) for d in DIRECTIONS}
         self.streams = RandomStreams(self.config.seed)
@@ -107,11 +111,17 @@ class TPCommunicator:
         """Key the random streams by ``step`` (a resumed run replays them); ``validate``: check
         this step's collectives across ranks (besides CommConfig.validate)."""
         self.streams.start_step(step)
+        if self.capture is not None:
+            self.capture.start_step(step)
         self.validate = validate or self.config.validate
 
-    def _options(self, direction: str) -> dict:
+    def _prepare(self, direction: str, x: torch.Tensor) -> dict:
+        """Check ``direction``, hand ``x`` (this rank's contribution) to the capture if any, and
+        return the collective's arguments."""
         if direction not in self.routes:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        if self.capture is not None:
+            self.capture.record(direction, x)
         route = self.routes[direction]
         return dict(config=route.wire, group=self.group, chunk_bytes=self.config.chunk_bytes, validate=self.validate,
                     stats_key=route.stats_key, streams=self.streams, overlap=self.config.overlap,
@@ -125,7 +135,7 @@ class TPCommunicator:
         """Sum over the group, in place; returns x."""
         self._check_real()
         if self.world > 1:
-            all_reduce(x, algorithm=self.config.algorithm, **self._options(direction))
+            all_reduce(x, algorithm=self.config.algorithm, **self._prepare(direction, x))
         return x
 
     def all_gather(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -134,7 +144,7 @@ class TPCommunicator:
         if self.world == 1:
             return x
         out = x.new_empty((self.world * x.shape[0], *x.shape[1:]))
-        all_gather(out, x, **self._options(direction))
+        all_gather(out, x, **self._prepare(direction, x))
         return out
 
     def reduce_scatter(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -145,7 +155,7 @@ class TPCommunicator:
         if x.shape[0] % self.world:
             raise ValueError(f"dim 0 ({x.shape[0]}) is not divisible by the TP size {self.world}")
         out = x.new_empty((x.shape[0] // self.world, *x.shape[1:]))
-        reduce_scatter(out, x, **self._options(direction))
+        reduce_scatter(out, x, **self._prepare(direction, x))
         return out
 
     def all_reduce_exact(self, x: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:

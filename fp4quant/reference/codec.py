@@ -108,13 +108,17 @@ def encode(
     offset: int,
     transform: bool,
     exponent: torch.Tensor | None = None,
+    element_target: float | None = None,
 ) -> Packed:
     """Steps 1-8 of the module doc on one float32 message; ``transform=False`` skips the
     FWHT (the values are already in the transformed domain, as in a reduced all-reduce shard).
 
     ``exponent``: the values are a sum normalized by 2**-exponent per block (dequantize_reduce):
     the stored coarse scales are multiplied by 2**exponent, or, without a coarse scale, the
-    values are first multiplied by it (saturating)."""
+    values are first multiplied by it (saturating).
+
+    ``element_target``: the element value a micro-group's largest magnitude is scaled to
+    (default: the element maximum); fp4quant.reference.scale_select picks per micro-group."""
     device = flat.device
     empty_u8, empty_f32 = _EMPTY_U8.to(device), _EMPTY_F32.to(device)
     lay = layout(flat.numel(), config)
@@ -162,7 +166,7 @@ def encode(
     # 5. micro-scale
     element_max = config.element_max
     if config.micro_scale in ("e4m3", "fp16"):
-        t = micro_amax / element_max
+        t = micro_amax / (element_max if element_target is None else element_target)
         if n_rows:
             t = torch.where(c_micro == 0, 0.0, t / c_micro)
         t = torch.where(finite, t, torch.nan)

@@ -51,6 +51,8 @@ class TrainConfig:
     validate_every_step: bool = False  # validate every collective across ranks (the first step always is)
     sync_timing: bool = False  # on CUDA, synchronize around timed codec/comm steps: the log's times are GPU durations
     backend: str = "auto"  # process group: auto (nccl on CUDA, else gloo), nccl, gloo (several ranks on one GPU)
+    # steps (comma-separated, e.g. "1,30,59") whose TP traffic is saved to <out>/traffic/ (fp4quant.parallel.capture)
+    capture_traffic_steps: str = ""
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -77,8 +79,26 @@ class TrainConfig:
         need(0 <= self.warmup <= self.steps, f"--warmup must be in [0, steps={self.steps}], got {self.warmup}")
         need(self.weight_decay >= 0 and self.clip > 0, "--weight-decay must be >= 0 and --clip > 0")
         need(self.eval_batches >= 0, f"--eval-batches must be >= 0, got {self.eval_batches}")
+        try:
+            steps = self.capture_steps
+        except ValueError:
+            raise ConfigError("--capture-traffic-steps must be comma-separated step numbers, "
+                              f"got {self.capture_traffic_steps!r}") from None
+        need(all(0 <= s < self.steps for s in steps),
+             f"--capture-traffic-steps must lie in [0, steps={self.steps}), got {self.capture_traffic_steps!r}")
+        need(not (steps and self.activation_checkpointing),
+             "--capture-traffic-steps needs --no-activation-checkpointing (recomputed forwards would be captured twice)")
         need(self.model in MODEL_PRESETS or Path(self.model, "config.json").exists(),
              f"--model must be a preset ({', '.join(MODEL_PRESETS)}) or a Hugging Face folder, got {self.model!r}")
+
+    @property
+    def capture_steps(self) -> tuple[int, ...]:
+        """The steps whose TP traffic is captured (ValueError for a malformed list)."""
+        return tuple(sorted({int(s) for s in self.capture_traffic_steps.split(",") if s.strip()}))
+
+    @property
+    def capture_folder(self) -> Path:
+        return Path(self.out) / "traffic"
 
     def model_config(self) -> ModelConfig:
         if self.model in MODEL_PRESETS:

@@ -22,9 +22,9 @@ import torch.distributed as dist
 
 from .config import ConfigError, TrainConfig
 
-# what a resumed run may change (validation and timing do not change what is computed)
+# what a resumed run may change (validation, timing and capture do not change what is computed)
 BOOKKEEPING = ("out", "eval_batches", "keep_checkpoints", "checkpoint_every", "device", "data", "validate_every_step",
-               "sync_timing")
+               "sync_timing", "capture_traffic_steps")
 
 
 def check_ranks_agree(cfg: TrainConfig, identity: dict[str, Any]) -> None:

@@ -32,7 +32,7 @@ from ..data import TokenDataset
 from ..models import Qwen2ForCausalLM
 from ..models.hf import load_safetensors
 from ..models.init import initialize
-from ..parallel import CommConfig, ComputeConfig, LinearCompute, ParallelMesh, TPCommunicator, init_mesh
+from ..parallel import CommConfig, ComputeConfig, LinearCompute, ParallelMesh, TPCommunicator, TrafficCapture, init_mesh
 from ..provenance import atomic_write_json, atomic_write_text, provenance
 from ..threads import pin_threads
 from . import checkpoint
@@ -72,7 +72,13 @@ class Trainer:
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
                                                   algorithm=cfg.algorithm, seed=cfg.seed,
                                                   validate=cfg.validate_every_step, sync_timing=cfg.sync_timing)
-        self.tp = TPCommunicator(self.mesh.tp_group, self.comm_config)
+        self.capture = None
+        if cfg.capture_steps and self.mesh.dp_rank == 0:  # the DP replicas send the same kind of traffic
+            meta = {"model": cfg.model, "model_config": cfg.model_config().to_dict(), "tp": cfg.tp,
+                    "sequence_parallel": cfg.sequence_parallel, "comm": cfg.comm, "compress": cfg.compress,
+                    "steps": list(cfg.capture_steps), "provenance": provenance(self.device, config=cfg.to_dict())}
+            self.capture = TrafficCapture(cfg.capture_folder, cfg.capture_steps, rank=self.mesh.tp_rank, meta=meta)
+        self.tp = TPCommunicator(self.mesh.tp_group, self.comm_config, capture=self.capture)
         self.compute = LinearCompute(ComputeConfig(cfg.compute, cfg.seed), rank=self.mesh.tp_rank)
         self.data = data if data is not None else TokenDataset(cfg.data)
         self.model = self._build_model()
@@ -205,6 +211,8 @@ class Trainer:
         ids, labels = self.data.batch(self.step, self.mesh.dp_rank, self.mesh.dp, cfg.batch_size, cfg.seq_len, cfg.seed)
         loss = self._forward_loss(ids.to(self.device), labels.to(self.device))
         loss.backward()
+        if self.capture is not None:  # every TP collective of the step is done
+            self.capture.save()
         grad_norm = self._reduce_gradients()
         loss_value = loss.detach().float()
         if self.mesh.dp > 1:  # the logged loss is the mean over DP ranks

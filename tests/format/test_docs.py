@@ -15,6 +15,7 @@ def preset_table() -> dict[str, dict[str, str]]:
     """The rows of the table under "## Presets": preset name -> {column: cell}."""
     text = FORMAT_MD.read_text()
     section = text[text.index("## Presets") :]
+    section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section  # up to the next section
     lines = [ln.strip() for ln in section.splitlines() if ln.strip().startswith("|")]
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
     header, rows = cells[0], cells[2:]  # cells[1] is the |---| line

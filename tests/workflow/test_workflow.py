@@ -16,7 +16,7 @@ from fp4quant.analysis.tables import number
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
-FIGURES = ["throughput", "kernels", "allreduce", "convergence", "error"]
+FIGURES = ["throughput", "kernels", "allreduce", "convergence", "error", "traffic"]
 TABLES = ["formats", "ablation", "end_to_end"]
 
 

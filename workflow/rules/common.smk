@@ -23,7 +23,7 @@ NODES = CLUSTER.get("nodes", 2)
 FIGURE_NAMES = ["throughput", "kernels", "allreduce", "convergence", "error", "sensitivity"] + (
     ["projection"] if EMULATED else [])
 TABLE_NAMES = ["formats", "ablation", "end_to_end"]
-FIGURES = expand("figures/{name}.pdf", name=FIGURE_NAMES)
+FIGURES = expand("figures/{name}.pdf", name=FIGURE_NAMES) + ["figures/traffic.pdf"]  # traffic: its own rule
 TABLES = expand("paper/tables/{name}.tex", name=TABLE_NAMES)
 HAVE_LATEXMK = shutil.which("latexmk") is not None
 PAPER_PDF = ["paper/main.pdf"] if HAVE_LATEXMK else []

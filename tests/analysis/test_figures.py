@@ -1,0 +1,34 @@
+"""The traffic figure: one box per method and micro-scale choice, forward and backward apart."""
+
+from __future__ import annotations
+
+import itertools
+
+import pandas as pd
+
+from fp4quant.analysis import figures
+from fp4quant.analysis.origin import read_stamp
+from fp4quant.bench.traffic import methods
+
+ORIGIN = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "c" * 40, "torch": "2.13.0+cpu"}
+
+
+def traffic_frame() -> pd.DataFrame:
+    rows = []
+    for (labels, _), direction, step, site in itertools.product(methods(), ("fwd", "bwd"), (1, 30), ("L0", "L1")):
+        rows.append({**ORIGIN, **labels, "direction": direction, "step": step, "site": site, "rank": 0,
+                     "model": "tiny", "sqnr_db": 20.0 + step / 10 + (labels["scale_select"] == "4_over_6")})
+    return pd.DataFrame(rows)
+
+
+def test_traffic_figure_is_written_with_its_origin(tmp_path):
+    out = tmp_path / "traffic.pdf"
+    figures.traffic(traffic_frame(), out, "cpu")
+    assert out.read_bytes().startswith(b"%PDF") and out.stat().st_size > 5000
+    assert read_stamp(out)["profile"] == "cpu" and read_stamp(out)["commit"] == ORIGIN["commit"]
+
+
+def test_traffic_labels_name_presets_and_rotation_sizes():
+    df = traffic_frame()
+    labels = {figures.traffic_label(r) for r in df.itertuples()}
+    assert {"fp4quant", "nvfp4", "fp8", "no_fwht R=none", "no_fwht R=16", "no_fwht R=128", "no_fwht R=group"} <= labels
