@@ -239,7 +239,8 @@ def main(argv=None) -> int:
     out = args.out or f"data/kernels_{device.type}.csv"
     sizes = QUICK_SIZES if args.quick else SIZES
     presets = ["fp4quant", "no_fwht", "naive_pack", "nvfp4"] if args.quick else PRESETS_MEASURED
-    isa = ops._native.module.cpu_isa() if ops._native.module is not None else None
+    native = ops.extension()[0]
+    isa = native.cpu_isa() if native is not None else None
     prov = provenance(device, threads=thread_counts, backend=ops.backend(device), cpu_isa=isa, sizes=sizes,
                       load_average_before=list(os.getloadavg()))
     rows = measure(device, sizes, presets, 0.05 if args.quick else args.min_time, args.reference_max_mib * MiB,

@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from fp4quant.analysis.figures import FIGURES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +44,13 @@ def test_a_fresh_clone_plans_to_compute_everything(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     everything = planned(empty, REPO / "Snakefile")
-    assert everything["cluster_train"] == 5 and everything["figure"] == 6
+    # every training run and figure of the default configuration
+    config = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
+    train = config["train"]
+    runs = len(train["comms"]) * len(train["seeds"]) + len(config["ablations"]) * len(train.get("ablation_seeds",
+                                                                                                   train["seeds"]))
+    assert everything["cluster_train"] == runs == 9
+    assert everything["figure"] + everything["traffic_figure"] == len(FIGURES)  # traffic has a rule of its own
     assert planned(clone, clone / "Snakefile") == everything
 
 
