@@ -39,7 +39,8 @@ def single_process_loss(data, config_json, seed=3) -> float:
     ids, labels = TokenDataset(data).batch(0, 0, 1, 2, 32, seed)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(Qwen2Config.from_json_file(str(config_json))).float()
-    logits = model(input_ids=ids).logits
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
     return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)))
 
 
