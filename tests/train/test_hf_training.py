@@ -27,18 +27,20 @@ def config_json(tmp_path):
 
 
 def run(data, out, config_json, **kw):
-    cfg = short(data, out, model=f"hf:{config_json}", tp=2, steps=4, seq_len=32, batch_size=2, checkpoint_every=2,
-                seed=3, **kw)
+    cfg = short(data, out, **{**dict(model=f"hf:{config_json}", tp=2, steps=4, seq_len=32, batch_size=2,
+                                     checkpoint_every=2, seed=3), **kw})
     return run_ranks("train.rank_jobs:train", 2, cfg, timeout=300)[0]
 
 
-def single_process_loss(data, config_json, seed=3) -> float:
-    """Step 0's loss of the same model, whole in one process (transformers alone), on the same batch."""
+def single_process_loss(data, config_json, seed=3, model=None) -> float:
+    """Step 0's loss of the same model (by default built as the trainer seeds it), whole in one
+    process (transformers alone), on the same batch."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     ids, labels = TokenDataset(data).batch(0, 0, 1, 2, 32, seed)
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config.from_json_file(str(config_json))).float()
+    if model is None:
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(Qwen2Config.from_json_file(str(config_json))).float()
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)))
@@ -60,6 +62,19 @@ def test_hf_model_trains_through_the_styles(data, tmp_path, config_json):
     assert fp4["losses"] != exact["losses"]
     assert all(abs(a - b) < 0.05 * b for a, b in zip(fp4["losses"], exact["losses"]))
     assert exact["losses"][-1] < exact["losses"][0]
+
+
+def test_a_llama_checkpoint_folder_is_loaded(data, tmp_path):
+    """hf:<folder> with safetensors: the weights are the folder's (not the --seed's), Llama too."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = {k: v for k, v in QWEN2.items() if k != "model_type"}
+    torch.manual_seed(7)
+    saved = LlamaForCausalLM(LlamaConfig(**config)).float()
+    saved.save_pretrained(tmp_path / "llama")
+    result = run(data, tmp_path / "run", tmp_path / "llama", comm="exact", steps=2)
+    assert result["losses"][0] == pytest.approx(single_process_loss(data, None, model=saved), rel=1e-5, abs=1e-5)
+    assert result["summary"]["provenance"]["config"]["model"] == f"hf:{tmp_path / 'llama'}"
 
 
 def test_hf_model_resumes_bit_exactly(data, tmp_path, config_json):
