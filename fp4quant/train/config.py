@@ -14,6 +14,7 @@ from ..comm import ALGORITHMS
 from ..data import DEFAULT_FOLDER
 from ..format.config import PRESETS
 from ..models.config import MODEL_PRESETS, ModelConfig
+from ..models.hf_tp import is_hf, read_config
 from ..parallel.communicator import COMPRESS_CHOICES
 from ..parallel.compute import COMPUTE_KINDS
 
@@ -25,7 +26,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class TrainConfig:
     out: str
-    model: str = "tiny"  # a preset name, or a Hugging Face folder to start from
+    model: str = "tiny"  # a preset name, a Hugging Face folder to start from, or hf:<config.json or folder> (transformers)
     tp: int = 1
     comm: str = "bf16"  # TP traffic: a QuantConfig preset (bf16: BF16 on the wire), or "exact" (own dtype)
     compress: str = "both"  # which directions use it: none, fwd, bwd, both
@@ -88,8 +89,16 @@ class TrainConfig:
              f"--capture-traffic-steps must lie in [0, steps={self.steps}), got {self.capture_traffic_steps!r}")
         need(not (steps and self.activation_checkpointing),
              "--capture-traffic-steps needs --no-activation-checkpointing (recomputed forwards would be captured twice)")
-        need(self.model in MODEL_PRESETS or Path(self.model, "config.json").exists(),
-             f"--model must be a preset ({', '.join(MODEL_PRESETS)}) or a Hugging Face folder, got {self.model!r}")
+        if is_hf(self.model):
+            self.model_config()  # the file, its architecture, the TP size
+            for flag, on in (("--compute quartet", self.compute != "exact"), ("--sequence-parallel", self.sequence_parallel),
+                             ("--activation-checkpointing", self.activation_checkpointing),
+                             ("--capture-traffic-steps", bool(steps))):
+                need(not on, f"{flag} is not supported with --model hf:... (the transformers model through the styles)")
+        else:
+            need(self.model in MODEL_PRESETS or Path(self.model, "config.json").exists(),
+                 f"--model must be a preset ({', '.join(MODEL_PRESETS)}), a Hugging Face folder or hf:<config.json "
+                 f"or folder>, got {self.model!r}")
 
     @property
     def capture_steps(self) -> tuple[int, ...]:
@@ -103,17 +112,23 @@ class TrainConfig:
     def model_config(self) -> ModelConfig:
         if self.model in MODEL_PRESETS:
             return ModelConfig.preset(self.model)
-        import json
+        try:
+            if is_hf(self.model):
+                return ModelConfig.from_hf(read_config(self.model, self.tp))
+            import json
 
-        return ModelConfig.from_hf(json.loads(Path(self.model, "config.json").read_text()))
+            return ModelConfig.from_hf(json.loads(Path(self.model, "config.json").read_text()))
+        except (ValueError, KeyError) as exc:  # KeyError: a config.json without a field the architecture needs
+            raise ConfigError(f"--model {self.model}: {exc}" if isinstance(exc, KeyError) else str(exc)) from None
 
     def check_world(self, world: int, vocab_size: int | None = None) -> None:
         """Everything that can be checked before a process group exists."""
         if world % self.tp:
             raise ConfigError(f"world size {world} is not divisible by --tp {self.tp}")
-        cfg = self.model_config()
+        cfg = self.model_config()  # an hf: model's TP fit is checked there (its embeddings and head are not sharded)
         try:
-            cfg.check_tp(self.tp)
+            if not is_hf(self.model):
+                cfg.check_tp(self.tp)
         except ValueError as exc:
             raise ConfigError(f"--tp {self.tp} does not fit --model {self.model}: {exc}") from None
         if self.seq_len > cfg.max_position:

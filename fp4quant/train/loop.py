@@ -15,6 +15,7 @@ job fails in seconds instead of hanging.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -31,11 +32,13 @@ from .. import comm
 from ..data import TokenDataset
 from ..models import Qwen2ForCausalLM
 from ..models.hf import load_safetensors
+from ..models.hf_tp import HFTensorParallel, config_file, is_hf
 from ..models.init import initialize
 from ..parallel import CommConfig, ComputeConfig, LinearCompute, ParallelMesh, TPCommunicator, TrafficCapture, init_mesh
 from ..provenance import atomic_write_json, atomic_write_text, provenance
 from ..threads import pin_threads
 from . import checkpoint
+from .shards import load_local_state, local, local_tree, restore_optimizer_placements
 from .config import TrainConfig
 from .consistency import check_ranks_agree, resume_differences
 
@@ -78,10 +81,10 @@ class Trainer:
                     "sequence_parallel": cfg.sequence_parallel, "comm": cfg.comm, "compress": cfg.compress,
                     "steps": list(cfg.capture_steps), "provenance": provenance(self.device, config=cfg.to_dict())}
             self.capture = TrafficCapture(cfg.capture_folder, cfg.capture_steps, rank=self.mesh.tp_rank, meta=meta)
-        self.tp = TPCommunicator(self.mesh.tp_group, self.comm_config, capture=self.capture)
         self.compute = LinearCompute(ComputeConfig(cfg.compute, cfg.seed), rank=self.mesh.tp_rank)
         self.data = data if data is not None else TokenDataset(cfg.data)
         self.model = self._build_model()
+        self.tp = self.model.tp  # the one communicator of the model's TP traffic: keyed by the step, its stats logged
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -98,9 +101,13 @@ class Trainer:
 
     # ---- setup -------------------------------------------------------------------------
 
-    def _build_model(self) -> Qwen2ForCausalLM:
+    def _build_model(self) -> Qwen2ForCausalLM | HFTensorParallel:
         cfg = self.cfg
-        model = Qwen2ForCausalLM(cfg.model_config(), self.tp, cfg.sequence_parallel, cfg.activation_checkpointing)
+        if is_hf(cfg.model):  # TrainConfig refused quartet compute, sequence parallelism, activation checkpointing
+            return HFTensorParallel(cfg.model, self.mesh.tp_group, self.comm_config, cfg.seed, self.device)
+        model = Qwen2ForCausalLM(cfg.model_config(), TPCommunicator(self.mesh.tp_group, self.comm_config,
+                                                                    capture=self.capture),
+                                 cfg.sequence_parallel, cfg.activation_checkpointing)
         # every linear layer of the blocks; the LM head stays exact, as in Quartet
         self.compute.attach(model.model)
         if Path(cfg.model, "config.json").exists():
@@ -112,8 +119,8 @@ class Trainer:
     def _state(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": local_tree(self.model.state_dict()),  # this rank's shards, DTensor or not
+            "optimizer": local_tree(self.optimizer.state_dict()),
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state() if self.device.type == "cuda" else None,
             "config": self.cfg.to_dict(),
@@ -122,8 +129,12 @@ class Trainer:
 
     def _identity(self) -> dict[str, Any]:
         """What a checkpoint records besides the configuration, and a resume must match."""
-        return {"mesh": {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp, "device": self.device.type},
-                "data_sha256": self.data.meta.get("tokens_sha256")}
+        identity = {"mesh": {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp,
+                             "device": self.device.type},
+                    "data_sha256": self.data.meta.get("tokens_sha256")}
+        if is_hf(self.cfg.model):  # the path alone does not say which model it held
+            identity["model_config_sha256"] = hashlib.sha256(config_file(self.cfg.model).read_bytes()).hexdigest()
+        return identity
 
     def _resume_problems(self, manifest: dict[str, Any]) -> list[str]:
         problems = resume_differences(manifest["config"], self.cfg)
@@ -142,8 +153,9 @@ class Trainer:
         step, state = found.step, found.state
         if found.warning and self.is_logger:
             checkpoint.warn(found.warning)
-        self.model.load_state_dict(state["model"])
+        load_local_state(self.model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        restore_optimizer_placements(self.optimizer)
         torch.set_rng_state(state["rng_cpu"])
         if state["rng_cuda"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng_cuda"])
@@ -158,23 +170,24 @@ class Trainer:
     # ---- one step ----------------------------------------------------------------------
 
     def _reduce_gradients(self) -> float:
-        """TP reduction of replicated gradients (SP), DP averaging, and the global grad norm."""
+        """TP reduction of replicated gradients (SP), DP averaging, and the global grad norm, on
+        this rank's shards (a DTensor gradient's local part)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
+        grads = {id(p): local(p.grad) for p in params}
         if self.model.sp:
-            grads = [p.grad for p in params if id(p) in self.replicated]
-            self._all_reduce_flat(grads, self.mesh.tp_group, 1.0)
+            self._all_reduce_flat([grads[id(p)] for p in params if id(p) in self.replicated], self.mesh.tp_group, 1.0)
         if self.mesh.dp > 1:
-            self._all_reduce_flat([p.grad for p in params], self.mesh.dp_group, 1.0 / self.mesh.dp)
-        sharded_sq = sum(float(p.grad.float().pow(2).sum()) for p in params if id(p) not in self.replicated)
-        replicated_sq = sum(float(p.grad.float().pow(2).sum()) for p in params if id(p) in self.replicated)
+            self._all_reduce_flat(list(grads.values()), self.mesh.dp_group, 1.0 / self.mesh.dp)
+        sharded_sq = sum(float(grads[id(p)].float().pow(2).sum()) for p in params if id(p) not in self.replicated)
+        replicated_sq = sum(float(grads[id(p)].float().pow(2).sum()) for p in params if id(p) in self.replicated)
         if self.mesh.tp > 1:
             t = torch.tensor([sharded_sq], dtype=torch.float64, device=self.device)
             dist.all_reduce(t, group=self.mesh.tp_group)
             sharded_sq = float(t)
         norm = math.sqrt(sharded_sq + replicated_sq)
         if norm > self.cfg.clip:
-            for p in params:
-                p.grad.mul_(self.cfg.clip / (norm + 1e-6))
+            for g in grads.values():
+                g.mul_(self.cfg.clip / (norm + 1e-6))
         return norm
 
     @staticmethod

@@ -12,6 +12,7 @@ from fp4quant.comm import Wire, validate
 from fp4quant.data import DataError
 from fp4quant.parallel.communicator import Route
 from fp4quant.train import ConfigError, TrainConfig, Trainer
+from fp4quant.train.shards import local
 
 
 def train(rank, world, **kwargs):
@@ -22,7 +23,7 @@ def train(rank, world, **kwargs):
     losses = []
     if rank == 0:
         losses = [json.loads(line)["loss"] for line in Path(cfg.out, "log.jsonl").read_text().splitlines()]
-    checksum = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
+    checksum = sum(float(local(p).detach().double().sum()) for p in trainer.model.parameters())
     return {"losses": losses, "summary": summary, "checksum": checksum, "mesh": (trainer.mesh.tp_rank, trainer.mesh.dp_rank)}
 
 
