@@ -94,13 +94,16 @@ def test_clipped_values_pass_no_gradient():
     xr = torch.randn(32, 32, generator=torch.Generator().manual_seed(4))
     xr[5, 7] = 50.0  # an outlier in the rotated domain clips
     x = unrotate(xr)
-    w = torch.randn(16, 32)
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(16, 32, generator=gen)
     _, mask = quest(rotate(x))
     assert not mask[5, 7] and not mask.all()
     xs = x.clone().requires_grad_()
-    quartet_linear(xs, w, None, 0).backward(torch.randn(32, 16))
+    quartet_linear(xs, w, None, 0).backward(torch.randn(32, 16, generator=gen))
     rotated_grad = rotate(xs.grad)
-    assert (rotated_grad[~mask].abs() < 1e-6).all() and (rotated_grad[mask] != 0).float().mean() > 0.9
+    # zero up to the float32 rounding of rotating back and forth (relative to the gradient's size)
+    assert (rotated_grad[~mask].abs() <= 1e-6 * rotated_grad.abs().max()).all()
+    assert (rotated_grad[mask] != 0).float().mean() > 0.9
 
 
 @pytest.mark.parametrize("shape, features, out", [((3, 5, 40), 40, 24), ((7, 96), 96, 8), ((2, 1, 33), 33, 70)])
