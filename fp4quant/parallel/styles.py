@@ -262,6 +262,11 @@ class _Compressed:
 class _Sharded(_Compressed):
     """Colwise / rowwise: the stock partition of nn.Linear / nn.Embedding, then the local forward."""
 
+    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True,
+                 comm: CommConfig | str | None = None):
+        super().__init__(input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output)
+        self._init_comm(comm)
+
     def _kind(self, module: nn.Module, mesh: DeviceMesh) -> str:
         kind = _supported(module, type(self).__name__)
         check_mesh(mesh)
@@ -289,11 +294,6 @@ class CompressedColwiseParallel(_Sharded, ColwiseParallel):
 
     _forward = staticmethod(_colwise_forward)
 
-    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True,
-                 comm: CommConfig | str | None = None):
-        super().__init__(input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output)
-        self._init_comm(comm)
-
     @staticmethod
     def _sharded_size(module: nn.Module, kind: str) -> int:
         return module.out_features if kind == "linear" else module.embedding_dim
@@ -304,11 +304,6 @@ class CompressedRowwiseParallel(_Sharded, RowwiseParallel):
     all-gather backward) goes through fp4quant's communicator."""
 
     _forward = staticmethod(_rowwise_forward)
-
-    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True,
-                 comm: CommConfig | str | None = None):
-        super().__init__(input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output)
-        self._init_comm(comm)
 
     @staticmethod
     def _sharded_size(module: nn.Module, kind: str) -> int:
