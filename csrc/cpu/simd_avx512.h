@@ -28,12 +28,15 @@ inline float finite_amax(const float* b, int64_t n) {
 
 // One butterfly stage of stride h < 16 inside a register: the partner of lane i is lane
 // i ^ h; lanes with bit h clear get a + b, lanes with it set get a - b (a: the lower one).
-// Lower lanes v + p, upper lanes p + (-v), which IEEE defines as p - v (-v: the sign bit
-// flipped; NaN payloads aside, the same bits as add/sub and a blend, one operation fewer).
-inline __m512 stage_in_register(__m512 v, __m512i partner, __mmask16 upper) {
-  const __m512 p = _mm512_permutexvar_ps(partner, v);
-  return _mm512_add_ps(_mm512_mask_xor_ps(v, upper, v, _mm512_set1_ps(-0.0f)), p);
+// Lower lanes v * 1 + p, upper lanes v * -1 + p = p - v, in one fused multiply-add: the
+// product is exact, so its single rounding is the sum's (NaN payloads aside, the same bits
+// as add/sub and a blend, two operations fewer).  `sign`: -1 in the upper lanes, else 1.
+inline __m512 stage_in_register(__m512 v, __m512i partner, __m512 sign) {
+  return _mm512_fmadd_ps(v, sign, _mm512_permutexvar_ps(partner, v));
 }
+
+// -1 in the lanes of `upper`, 1 elsewhere
+inline __m512 lane_signs(__mmask16 upper) { return _mm512_mask_blend_ps(upper, _mm512_set1_ps(1.0f), _mm512_set1_ps(-1.0f)); }
 
 // All radix-2 stages on n values (n a multiple of 16): strides 1..8 (level one, in
 // registers), then 16..n/2 (level two, register pairs).
@@ -44,10 +47,10 @@ inline void butterflies(float* b, int64_t n) {
   const __m512i x8 = _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
   for (int64_t i = 0; i < n; i += 16) {
     __m512 v = _mm512_loadu_ps(b + i);
-    v = stage_in_register(v, x1, 0xAAAA);
-    v = stage_in_register(v, x2, 0xCCCC);
-    v = stage_in_register(v, x4, 0xF0F0);
-    v = stage_in_register(v, x8, 0xFF00);
+    v = stage_in_register(v, x1, lane_signs(0xAAAA));
+    v = stage_in_register(v, x2, lane_signs(0xCCCC));
+    v = stage_in_register(v, x4, lane_signs(0xF0F0));
+    v = stage_in_register(v, x8, lane_signs(0xFF00));
     _mm512_storeu_ps(b + i, v);
   }
   for (int64_t h = 16; h < n; h *= 2) {
@@ -86,10 +89,10 @@ inline void stages_in_register(__m512* r) {
 #pragma GCC unroll 8
   for (int k = 0; k < R; ++k) {
     __m512 v = r[k];
-    v = stage_in_register(v, x1, 0xAAAA);
-    v = stage_in_register(v, x2, 0xCCCC);
-    v = stage_in_register(v, x4, 0xF0F0);
-    r[k] = stage_in_register(v, x8, 0xFF00);
+    v = stage_in_register(v, x1, lane_signs(0xAAAA));
+    v = stage_in_register(v, x2, lane_signs(0xCCCC));
+    v = stage_in_register(v, x4, lane_signs(0xF0F0));
+    r[k] = stage_in_register(v, x8, lane_signs(0xFF00));
   }
 }
 
