@@ -1,0 +1,188 @@
+// AVX-512 pieces of the CPU codec, part one: the fast Walsh-Hadamard transform and the
+// finite amax (included through simd_avx512.h, in codec_avx512.cpp only).  Each computes
+// exactly what the scalar loop it replaces computes: the same IEEE operations on the same
+// operands, 16 values per instruction.  One 16-value micro-group is one register.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace fp4q {
+namespace cpu {
+namespace {
+namespace avx512 {
+
+inline __m512 abs_ps(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)));
+}
+
+inline __mmask16 finite_mask(__m512 a_abs) { return _mm512_cmp_ps_mask(a_abs, _mm512_set1_ps(__builtin_inff()), _CMP_LT_OQ); }
+
+inline float finite_amax(const float* b, int64_t n) {
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 a = abs_ps(_mm512_loadu_ps(b + i));
+    m = _mm512_mask_max_ps(m, finite_mask(a), m, a);
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+// One butterfly stage of stride h < 16 inside a register: the partner of lane i is lane
+// i ^ h; lanes with bit h clear get a + b, lanes with it set get a - b (a: the lower one).
+// Lower lanes v * 1 + p, upper lanes v * -1 + p = p - v, in one fused multiply-add: the
+// product is exact, so its single rounding is the sum's (NaN payloads aside, the same bits
+// as add/sub and a blend, two operations fewer).  `sign`: -1 in the upper lanes, else 1.
+inline __m512 stage_in_register(__m512 v, __m512i partner, __m512 sign) {
+  return _mm512_fmadd_ps(v, sign, _mm512_permutexvar_ps(partner, v));
+}
+
+// -1 in the lanes of `upper`, 1 elsewhere
+inline __m512 lane_signs(__mmask16 upper) { return _mm512_mask_blend_ps(upper, _mm512_set1_ps(1.0f), _mm512_set1_ps(-1.0f)); }
+
+// All radix-2 stages on n values (n a multiple of 16): strides 1..8 (level one, in
+// registers), then 16..n/2 (level two, register pairs).
+inline void butterflies(float* b, int64_t n) {
+  const __m512i x1 = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  const __m512i x2 = _mm512_set_epi32(13, 12, 15, 14, 9, 8, 11, 10, 5, 4, 7, 6, 1, 0, 3, 2);
+  const __m512i x4 = _mm512_set_epi32(11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4);
+  const __m512i x8 = _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 v = _mm512_loadu_ps(b + i);
+    v = stage_in_register(v, x1, lane_signs(0xAAAA));
+    v = stage_in_register(v, x2, lane_signs(0xCCCC));
+    v = stage_in_register(v, x4, lane_signs(0xF0F0));
+    v = stage_in_register(v, x8, lane_signs(0xFF00));
+    _mm512_storeu_ps(b + i, v);
+  }
+  for (int64_t h = 16; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = 0; j < h; j += 16) {
+        const __m512 a = _mm512_loadu_ps(b + i + j), c = _mm512_loadu_ps(b + i + j + h);
+        _mm512_storeu_ps(b + i + j, _mm512_add_ps(a, c));
+        _mm512_storeu_ps(b + i + j + h, _mm512_sub_ps(a, c));
+      }
+    }
+  }
+}
+
+// R registers r[0..R) of 16 values each, R/2 .. 1 apart in a block: the butterfly stages of
+// strides 16 * (1, 2, .. R/2) across them (lower + upper, lower - upper: as butterflies()).
+template <int R>
+inline void stages_across(__m512* r) {
+#pragma GCC unroll 4
+  for (int m = 1; m < R; m *= 2) {
+#pragma GCC unroll 16
+    for (int k = 0; k < R; ++k) {
+      if (k & m) continue;
+      const __m512 a = r[k], c = r[k + m];
+      r[k] = _mm512_add_ps(a, c);
+      r[k + m] = _mm512_sub_ps(a, c);
+    }
+  }
+}
+
+template <int R>
+inline void stages_in_register(__m512* r) {
+  const __m512i x1 = _mm512_set_epi32(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  const __m512i x2 = _mm512_set_epi32(13, 12, 15, 14, 9, 8, 11, 10, 5, 4, 7, 6, 1, 0, 3, 2);
+  const __m512i x4 = _mm512_set_epi32(11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4);
+  const __m512i x8 = _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
+#pragma GCC unroll 8
+  for (int k = 0; k < R; ++k) {
+    __m512 v = r[k];
+    v = stage_in_register(v, x1, lane_signs(0xAAAA));
+    v = stage_in_register(v, x2, lane_signs(0xCCCC));
+    v = stage_in_register(v, x4, lane_signs(0xF0F0));
+    r[k] = stage_in_register(v, x8, lane_signs(0xFF00));
+  }
+}
+
+// What a fused transform does around its butterflies, to each value, in this order:
+// before, times `pre` then times its sign; after, times `post`, then its sign, then times `f`
+// (each only where asked); `amax`: return the finite amax of the result.
+struct FwhtOps {
+  bool pre_on;
+  float pre;
+  const float* pre_signs;
+  float post;
+  const float* post_signs;
+  bool f_on;
+  float f;
+  bool amax;
+};
+
+inline __m512 before(__m512 v, const FwhtOps& o, int64_t at) {
+  if (o.pre_on) v = _mm512_mul_ps(v, _mm512_set1_ps(o.pre));
+  if (o.pre_signs) v = _mm512_mul_ps(v, _mm512_loadu_ps(o.pre_signs + at));
+  return v;
+}
+
+inline __m512 after(__m512 v, const FwhtOps& o, int64_t at, __m512& m) {
+  v = _mm512_mul_ps(v, _mm512_set1_ps(o.post));
+  if (o.post_signs) v = _mm512_mul_ps(v, _mm512_loadu_ps(o.post_signs + at));
+  if (o.f_on) v = _mm512_mul_ps(v, _mm512_set1_ps(o.f));
+  if (o.amax) {
+    const __m512 a = abs_ps(v);
+    m = _mm512_mask_max_ps(m, finite_mask(a), m, a);
+  }
+  return v;
+}
+
+// One pass over n values of the stages h, 2h, .. h * (R/2) (h >= 16), R registers at a time;
+// `last`: the stages end here, then the `after` operations.
+template <int R, bool last>
+inline void stages_pass(float* b, int64_t n, int64_t h, const FwhtOps& o, __m512& m) {
+  for (int64_t i = 0; i < n; i += R * h) {
+    for (int64_t j = 0; j < h; j += 16) {
+      __m512 r[R];
+#pragma GCC unroll 16
+      for (int k = 0; k < R; ++k) r[k] = _mm512_loadu_ps(b + i + j + k * h);
+      stages_across<R>(r);
+#pragma GCC unroll 16
+      for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + j + k * h, last ? after(r[k], o, i + j + k * h, m) : r[k]);
+    }
+  }
+}
+
+// The first pass: R registers (R * 16 values) at a time, the stages of strides 1 .. R * 8.
+template <int R, bool last>
+inline void first_pass(float* b, int64_t n, const FwhtOps& o, __m512& m) {
+  for (int64_t i = 0; i < n; i += 16 * R) {
+    __m512 r[R];
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) r[k] = before(_mm512_loadu_ps(b + i + 16 * k), o, i + 16 * k);
+    stages_in_register<R>(r);
+    stages_across<R>(r);
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + 16 * k, last ? after(r[k], o, i + 16 * k, m) : r[k]);
+  }
+}
+
+// The FWHT on n values (a power of two >= 16) with the operations around it fused into few
+// passes: the same IEEE operations on each value as the separate loops (scale_by, multiply,
+// butterflies) in turn.  The first pass does strides 1 .. 64 (128 values, in registers), then
+// each pass 2, 4 or 8 strides (for 2048 values two passes of 4 beat one of 16 registers,
+// measured).  Returns the finite amax of the result when o.amax.
+inline float fwht_fused(float* b, int64_t n, const FwhtOps& o) {
+  __m512 m = _mm512_setzero_ps();
+  if (n == 128) first_pass<8, true>(b, n, o, m);
+  if (n > 128) first_pass<8, false>(b, n, o, m);
+  if (n == 64) first_pass<4, true>(b, n, o, m);
+  if (n == 32) first_pass<2, true>(b, n, o, m);
+  if (n == 16) first_pass<1, true>(b, n, o, m);
+  for (int64_t h = 128; h < n;) {
+    const int64_t left = n / h;  // strides h .. n/2 remain: log2(left) stages
+    const int radix = left >= 8 && left != 16 ? 8 : (left >= 4 ? 4 : 2);
+    if (radix == 8) left == 8 ? stages_pass<8, true>(b, n, h, o, m) : stages_pass<8, false>(b, n, h, o, m);
+    if (radix == 4) left == 4 ? stages_pass<4, true>(b, n, h, o, m) : stages_pass<4, false>(b, n, h, o, m);
+    if (radix == 2) stages_pass<2, true>(b, n, h, o, m);
+    h *= radix;
+  }
+  return o.amax ? _mm512_reduce_max_ps(m) : 0.0f;
+}
+
+}  // namespace avx512
+}  // namespace
+}  // namespace cpu
+}  // namespace fp4q
