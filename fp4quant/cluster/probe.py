@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..environment import cluster_dilation
 from ..provenance import atomic_write_json
 
 PROBE_BYTES = 4096
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     dist.init_process_group("gloo")
     try:
-        dilation = comm.Dilation.from_environment()
+        dilation = comm.Dilation(*cluster_dilation())
         x = torch.ones(max(1, a.bytes // 4))
         world = dist.get_world_size()
         plain = time_all_reduce(x, comm.Dilation(), a.iterations)

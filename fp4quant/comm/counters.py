@@ -118,7 +118,7 @@ class Recorder:
         elapsed = self._now() - t
         target = self.dilation.codec_target_s(op.bytes_moved)
         if target > elapsed:
-            time.sleep(target - elapsed)
+            self.dilation.sleep(target - elapsed)
             self.codec_stretch_s += target - elapsed
             elapsed = self._now() - t  # what it lasted, the sleep's overshoot included
         elif target > 0:

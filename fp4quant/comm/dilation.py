@@ -13,9 +13,9 @@ codec_bytes_per_s the dilated target codec's throughput (codec fraction x target
                   slept after the op, counted as codec time; an op already slower is left
                   as it is and counted as not stretched
 
-Only the cluster runner sets it (environment variables FP4QUANT_CLUSTER_LATENCY_S and
-FP4QUANT_CLUSTER_CODEC_BPS, read by fp4quant.environment); everywhere else ``Dilation()``:
-nothing is slept.  It changes time only, never a value.
+Only the cluster runner sets it: the ranks' trainer or probe builds it from
+``fp4quant.environment.cluster_dilation()`` (FP4QUANT_CLUSTER_LATENCY_S and
+FP4QUANT_CLUSTER_CODEC_BPS); everywhere else ``Dilation()``: nothing is slept.  It changes time only, never a value.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import math
 import time
 from dataclasses import dataclass
 
-from .. import environment
 
 TARGET_VALUE_BYTES = 2  # the target trains in BF16: a value read or written by its codec is 2 bytes
 
@@ -42,12 +41,6 @@ class Dilation:
             raise ValueError(f"dilation codec_bytes_per_s must be a finite number >= 0 (0: off), "
                              f"got {self.codec_bytes_per_s!r}")
 
-    @classmethod
-    def from_environment(cls) -> Dilation:
-        """The dilation the cluster runner set for this rank (``Dilation()`` outside it)."""
-        latency, codec = environment.cluster_dilation()
-        return cls(latency, codec)
-
     @property
     def active(self) -> bool:
         return self.latency_s > 0 or self.codec_bytes_per_s > 0
@@ -55,7 +48,12 @@ class Dilation:
     def wire_steps(self, steps: int) -> None:
         """Sleep the latency of ``steps`` wire steps (nothing without a latency)."""
         if self.latency_s > 0 and steps > 0:
-            time.sleep(steps * self.latency_s)
+            self.sleep(steps * self.latency_s)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        """Every sleep of the dilation goes through here (tests count them)."""
+        time.sleep(seconds)
 
     def codec_target_s(self, bytes_moved: int) -> float:
         """Seconds the dilated target codec takes to move ``bytes_moved`` (0: not stretched)."""

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from .. import comm
 from ..data import TokenDataset
+from ..environment import cluster_dilation
 from ..models import Qwen2ForCausalLM
 from ..models.hf import load_safetensors
 from ..models.hf_tp import HFTensorParallel, config_file, is_hf
@@ -75,7 +76,7 @@ class Trainer:
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
                                                   algorithm=cfg.algorithm, seed=cfg.seed,
                                                   validate=cfg.validate_every_step, sync_timing=cfg.sync_timing,
-                                                  dilation=comm.Dilation.from_environment())
+                                                  dilation=comm.Dilation(*cluster_dilation()))
         self.capture = None
         if cfg.capture_steps and self.mesh.dp_rank == 0:  # the DP replicas send the same kind of traffic
             meta = {"model": cfg.model, "model_config": cfg.model_config().to_dict(), "tp": cfg.tp,
