@@ -232,8 +232,8 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     dilation = comm.Dilation(*cluster_dilation())  # under the emulated cluster only; else nothing slept
     prov = provenance(device, backend=backend, world_size=world, sizes=sizes, iters=args.iters,
-                      dilation=dilation.to_dict(), budget_mib=args.budget_mib, validate=args.validate, threads_per_rank=torch.get_num_threads(),
-                      codec_backend=codec_backend(device), argv=sys.argv[1:] if argv is None else argv)
+                      budget_mib=args.budget_mib, validate=args.validate, threads_per_rank=torch.get_num_threads(),
+                      dilation=dilation.to_dict(), codec_backend=codec_backend(device), argv=sys.argv[1:] if argv is None else argv)
     common = {"backend": backend, "world_size": world, "dtype": args.dtype, "hardware": prov["hardware"],
               "torch": prov["torch"], "commit": prov["commit"], "codec": prov["codec_backend"]}
     rows: list[dict] = []
