@@ -116,7 +116,8 @@ def cmd_run(a, job: list[str]) -> int:
         print(f"fp4quant.cluster: emulated cluster unavailable ({reason}); running on loopback instead",
               file=sys.stderr)
         if a.record:
-            atomic_write_json(a.record, {**record, "emulated": False, "reason": reason, **_prov()})
+            # on loopback nothing is dilated: not the link, so neither latency nor codec
+            atomic_write_json(a.record, {**record, "emulated": False, "reason": reason, "dilation": None, **_prov()})
         lifeline = Lifeline()  # the job dies with this process, however it ends
         try:
             proc = lifeline.popen(torchrun(1, a.nodes * a.nproc_per_node, None, None, a.port) + job,
