@@ -15,7 +15,9 @@ codec_bytes_per_s the dilated target codec's throughput (codec fraction x target
 
 Only the cluster runner sets it: the ranks' trainer or probe builds it from
 ``fp4quant.environment.cluster_dilation()`` (FP4QUANT_CLUSTER_LATENCY_S and
-FP4QUANT_CLUSTER_CODEC_BPS); everywhere else ``Dilation()``: nothing is slept.  It changes time only, never a value.
+FP4QUANT_CLUSTER_CODEC_BPS); everywhere else ``Dilation()``: nothing is slept.  It changes
+time only, never a value.  The sleeps block the host: a pipelined collective's codec does not
+overlap them (the emulated cluster runs on CPU, where the ops are synchronous anyway).
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import math
 import time
 from dataclasses import dataclass
 
-
 TARGET_VALUE_BYTES = 2  # the target trains in BF16: a value read or written by its codec is 2 bytes
 
 
 @dataclass(frozen=True)
 class Dilation:
+    """What a rank stretches besides the link (the defaults: nothing)."""
+
     latency_s: float = 0.0  # slept per wire step of a collective; 0: none
     codec_bytes_per_s: float = 0.0  # dilated target codec bytes/s; 0: the codec is not stretched
 
