@@ -111,6 +111,7 @@ def test_unavailable_cluster_falls_back_to_loopback_in_one_line(tmp_path, capfd,
     assert "emulated cluster unavailable (disabled by FP4QUANT_NO_CLUSTER=1); running on loopback" in err
     rec = json.loads(record.read_text())
     assert rec["emulated"] is False and "FP4QUANT_NO_CLUSTER" in rec["reason"] and rec["hardware"]
+    assert rec["dilation"] is None  # on loopback nothing is dilated, the link included
 
 
 def test_link_spec_burst_scales_with_the_rate():
