@@ -6,8 +6,11 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 
+from ..comm.dilation import TARGET_VALUE_BYTES, Dilation
 from ..provenance import atomic_write_json, provenance
 from .calibrate import calibrate
 from .guard import Lifeline, wait_all
@@ -37,8 +40,10 @@ def check_run_args(a) -> None:
     for flag, value in (("--nproc-per-node", a.nproc_per_node), ("--threads", a.threads)):
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
-    if not 1 <= a.port <= 65535:
-        raise UsageError(f"--port must be in 1..65535, got {a.port}")
+    if not 1 <= a.port <= 65534:
+        raise UsageError(f"--port must be in 1..65534 (the latency probe uses the next), got {a.port}")
+    if a.codec_bps is not None and not (math.isfinite(a.codec_bps) and a.codec_bps >= 0):
+        raise UsageError(f"--codec-bps must be a finite number >= 0 (0: off), got {a.codec_bps:g}")
     if a.timeout is not None and not a.timeout > 0:
         raise UsageError(f"--timeout must be > 0 seconds, got {a.timeout:g}")
 
@@ -56,6 +61,49 @@ def read_link(a) -> tuple[dict | None, LinkSpec]:
         raise UsageError(f"--calibration {a.calibration}: not a calibration ({type(exc).__name__}: {exc})") from None
 
 
+def run_dilation(a, cal: dict | None, link: LinkSpec, latency_shaped: bool) -> Dilation:
+    """What the ranks stretch besides the link: the link's latency where netem did not shape
+    it, and the codec to the calibration's dilated target (or --codec-bps); none with --link-only."""
+    if a.link_only:
+        return Dilation()
+    codec = a.codec_bps if a.codec_bps is not None else float((cal or {}).get("codec_bytes_per_s", 0.0))
+    try:
+        return Dilation(0.0 if latency_shaped else link.latency_s, codec)
+    except ValueError as exc:
+        raise UsageError(f"--calibration {a.calibration}: {exc}") from None
+
+
+def dilation_env(d: Dilation) -> dict[str, str]:
+    """The variables the ranks read it from (fp4quant.environment.cluster_dilation)."""
+    return {"FP4QUANT_CLUSTER_LATENCY_S": repr(d.latency_s), "FP4QUANT_CLUSTER_CODEC_BPS": repr(d.codec_bytes_per_s)}
+
+
+def dilation_record(d: Dilation, cal: dict | None, link: LinkSpec, latency_shaped: bool) -> dict:
+    return {"time_dilation": (cal or {}).get("time_dilation"), "latency_shaped": latency_shaped,
+            "latency_injected_s": d.latency_s, "codec_bytes_per_s": d.codec_bytes_per_s,
+            "codec_target_value_bytes": TARGET_VALUE_BYTES, "link_burst_bytes": link.burst_bytes,
+            "link_burst_s": link.burst_bytes * 8 / link.rate_bps}
+
+
+def probe_latency(cluster: EmulatedCluster, a, env: dict[str, str]) -> dict:
+    """A 4 KiB all-reduce timed inside the cluster, with and without the injected latency."""
+    master = cluster.members[0].address
+    with tempfile.TemporaryDirectory(prefix="fq-probe-") as tmp:
+        out = os.path.join(tmp, "probe.json")
+        probe = ["-m", "fp4quant.cluster.probe", "--out", out]
+        cmds = [torchrun(a.nodes, a.nproc_per_node, i, master, a.port + 1) + probe for i in range(a.nodes)]
+        with open(os.path.join(tmp, "log"), "w+") as log:
+            try:
+                codes = cluster.run_all(cmds, timeout=300, env=env, stdout=log, stderr=subprocess.STDOUT)
+            except TimeoutError:
+                codes = ["timed out"]
+            if any(codes) or not os.path.exists(out):
+                log.seek(0)
+                tail = log.read()[-300:].strip().replace("\n", " | ")
+                return {"failed": f"exit codes {codes}: {tail}"}
+        return json.loads(open(out).read())
+
+
 def cmd_run(a, job: list[str]) -> int:
     check_run_args(a)
     cal, link = read_link(a)
@@ -68,7 +116,8 @@ def cmd_run(a, job: list[str]) -> int:
         print(f"fp4quant.cluster: emulated cluster unavailable ({reason}); running on loopback instead",
               file=sys.stderr)
         if a.record:
-            atomic_write_json(a.record, {**record, "emulated": False, "reason": reason, **_prov()})
+            # on loopback nothing is dilated: not the link, so neither latency nor codec
+            atomic_write_json(a.record, {**record, "emulated": False, "reason": reason, "dilation": None, **_prov()})
         lifeline = Lifeline()  # the job dies with this process, however it ends
         try:
             proc = lifeline.popen(torchrun(1, a.nodes * a.nproc_per_node, None, None, a.port) + job,
@@ -79,6 +128,14 @@ def cmd_run(a, job: list[str]) -> int:
     for name in cleanup_stale():
         print(f"fp4quant.cluster: removed {name}, left behind by a run that was killed", file=sys.stderr)
     with EmulatedCluster(a.nodes, link) as cluster:
+        dilation = run_dilation(a, cal, link, cluster.latency_shaped)
+        env.update(dilation_env(dilation))
+        record["dilation"] = dilation_record(dilation, cal, link, cluster.latency_shaped)
+        if a.record:
+            record["measured_latency_s"] = probe = probe_latency(cluster, a, env)
+            if "failed" in probe:
+                print(f"fp4quant.cluster: the latency probe failed ({probe['failed']}); running the job",
+                      file=sys.stderr)
         master = cluster.members[0].address
         codes = cluster.run_all([torchrun(a.nodes, a.nproc_per_node, i, master, a.port) + job for i in range(a.nodes)],
                                 timeout=a.timeout, env=env)
@@ -127,7 +184,13 @@ def main(argv=None) -> int:
     r.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
     r.add_argument("--port", type=int, default=29600)
     r.add_argument("--timeout", type=float, default=None, help="seconds; past it every node is stopped (exit 124)")
-    r.add_argument("--record", help="write what the job ran on (emulated or loopback, link) to this JSON")
+    r.add_argument("--record", help="write what the job ran on (emulated or loopback, link, dilation, and the "
+                                  "latency of a 4 KiB all-reduce measured in the cluster first) to this JSON")
+    r.add_argument("--codec-bps", type=float, default=None,
+                   help="the dilated target codec's bytes/s the ranks stretch each codec op to (0: off; "
+                        "default: the calibration's codec_bytes_per_s, else off)")
+    r.add_argument("--link-only", action="store_true",
+                   help="dilate the link alone: no latency slept per wire step, no codec stretch (for comparison)")
     a = ap.parse_args(argv)
     if a.command == "check":
         reason = unavailable_reason()

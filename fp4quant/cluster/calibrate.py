@@ -6,7 +6,17 @@ emulated rank computes far slower, so the emulated link is slowed by the same fa
 
     emulated bytes/s = measured FLOP/s per rank x (target link bytes/s / target FLOP/s per GPU)
 
-and, where latency can be shaped (netem), latencies are stretched by the same factor.
+and every other component of the time by the same factor, ``time_dilation``:
+
+latency  the target's per-hop latency x time_dilation: shaped on the link where the kernel
+         has netem, else slept before each wire step of a collective by the ranks
+         (fp4quant.comm.dilation; the cluster runner passes it)
+codec    the target's codec moves its bytes at ``codec_hbm_fraction`` of the HBM bandwidth;
+         each codec op of a rank is stretched (slept) to that time x time_dilation
+         (``codec_bytes_per_s``; the rank's CPU codec is otherwise 7-13x too cheap)
+burst    the link's token bucket holds rate x netns.LinkSpec.burst_s, the least tbf
+         sustains its rate with: the same few milliseconds at every rate
+
 The measured figures (training FLOP/s of one rank's thread, codec throughputs at the
 training run's message size) are what the performance model uses to predict the
 emulated runs.
@@ -22,7 +32,9 @@ import torch
 from .. import ops
 from ..format.config import QuantConfig
 from ..models import ModelConfig, Qwen2ForCausalLM
+from ..comm.dilation import TARGET_VALUE_BYTES
 from ..parallel import TPCommunicator
+from .netns import LinkSpec
 
 
 @dataclass(frozen=True)
@@ -36,7 +48,9 @@ class TargetCluster:
     intra_node_latency: float = 5e-6  # seconds per collective step
     inter_node_latency: float = 10e-6
     gpus_per_node: int = 8
-    hbm_bw: float = 3.35e12  # bytes/s; codec kernels run at a fraction of it (see perfmodel)
+    hbm_bw: float = 3.35e12  # bytes/s
+    codec_hbm_fraction: float = 0.7  # the codec kernels are memory-bound at this fraction of hbm_bw
+    # (the performance model's H100 assumption, perfmodel.machines.H100_CODEC_EFFICIENCY)
 
 
 def measure_training_flops(model: str, seq_len: int, batch_size: int, tp: int, threads: int = 1,
@@ -104,15 +118,19 @@ class Calibration:
     target: TargetCluster
     rank_flops: float  # measured FLOP/s of one emulated rank
     link_rate_bps: float  # the emulated inter-node link, bits/s
-    link_latency_s: float  # the stretched target latency (shaped only where netem exists)
+    link_latency_s: float  # the dilated per-hop latency (netem where it exists, else slept per wire step)
     link_burst_bytes: int  # the token bucket's depth: credit the link accrues while idle
     time_dilation: float  # target FLOP/s / measured FLOP/s
     codec_gbps: dict  # measured per preset and op, one thread
     message_values: int  # values per TP all-reduce of the calibrated run
+    codec_bytes_per_s: float  # the dilated target codec: codec_hbm_fraction x hbm_bw / time_dilation
+    link_burst_s: float  # seconds of the emulated link's traffic the bucket holds
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["link_rate_mbit"] = self.link_rate_bps / 1e6
+        d["link_burst_target_s"] = self.link_burst_s / self.time_dilation  # what the free burst is worth there
+        d["codec_target_value_bytes"] = TARGET_VALUE_BYTES  # a value the target's codec reads or writes (BF16)
         return d
 
 
@@ -123,7 +141,7 @@ def calibrate(model: str, seq_len: int, batch_size: int, tp: int, presets: list[
     dilation = target.flops_per_gpu / flops
     rate_bytes = target.inter_node_bw / dilation
     values = ModelConfig.preset(model).hidden_size * seq_len * batch_size
-    from .netns import LinkSpec
-
-    return Calibration(target, flops, 8 * rate_bytes, target.inter_node_latency * dilation,
-                       LinkSpec(8 * rate_bytes).burst_bytes, dilation, measure_codec(values, presets), values)
+    link = LinkSpec(8 * rate_bytes, target.inter_node_latency * dilation)
+    return Calibration(target, flops, link.rate_bps, link.latency_s, link.burst_bytes, dilation,
+                       measure_codec(values, presets), values,
+                       target.codec_hbm_fraction * target.hbm_bw / dilation, link.burst_bytes * 8 / link.rate_bps)

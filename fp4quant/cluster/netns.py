@@ -66,23 +66,36 @@ def kernel_has_netem() -> bool:
         _run("ip", "link", "delete", name, check=False)
 
 
+TBF_HZ = 250  # tbf needs a bucket of >= rate / HZ (the kernel's timer tick) to sustain its rate
+FRAME_BYTES = 1514  # one full Ethernet frame (MTU 1500): a smaller bucket never lets one through
+
+
 @dataclass(frozen=True)
 class LinkSpec:
-    """One node's link to the switch: a rate (bits/s) and a one-way latency (seconds)."""
+    """One node's link to the switch: a rate (bits/s) and a one-way latency (seconds).
+
+    The token bucket's depth is the credit an idle link accrues and then sends at once,
+    for free: it scales with the rate (``rate x burst_s``, the least tbf sustains the rate
+    with), so it lasts the same time at every rate -- 4 ms of the emulated link, which a
+    time dilation of ~6650 makes 0.6 us of the target's -- instead of a fixed 1 Mbit that
+    let ~40% of a compressed training message through free."""
 
     rate_bps: float
     latency_s: float = 0.0
-    burst_bits: int = 1 << 20  # at least 1 Mbit: smaller buckets cap throughput well below the rate
+    burst_s: float = 1 / TBF_HZ  # seconds of traffic at the rate the bucket holds
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rate_bps) and self.rate_bps > 0):
             raise ValueError(f"link rate must be a positive number of bits/s, got {self.rate_bps}")
         if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
             raise ValueError(f"link latency must be >= 0 seconds, got {self.latency_s}")
+        if not (math.isfinite(self.burst_s) and self.burst_s >= 1 / TBF_HZ):
+            raise ValueError(f"link burst must be >= 1/{TBF_HZ} s of traffic (tbf sustains its rate no lower), "
+                             f"got {self.burst_s}")
 
     @property
     def burst_bytes(self) -> int:
-        return max(self.burst_bits // 8, int(self.rate_bps / 8 / 250))  # and >= rate / HZ (250)
+        return max(FRAME_BYTES, math.ceil(self.rate_bps / 8 * self.burst_s))
 
     def tbf_args(self) -> list[str]:
         return ["tbf", "rate", f"{int(self.rate_bps)}bit", "burst", f"{self.burst_bytes}b", "latency", "50ms"]

@@ -20,7 +20,8 @@ Modules: collectives (public API), wire (what crosses the wire), streams (random
 of stochastic rounding, owned by the caller), algorithms (the Call and two-shot,
 one-shot, gather, scatter as chunked pipelines), plan (sharding, padding, chunking),
 auto (algorithm selection from the benchmark's thresholds), validate (argument checks
-and cross-rank validation), counters (stats()).  Benchmark:
+and cross-rank validation), counters (stats()), dilation (the emulated cluster's latency
+and codec stretch).  Benchmark:
 ``torchrun --standalone --nproc-per-node 2 -m fp4quant.bench.collectives``.
 """
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 from .auto import Thresholds, set_table
 from .collectives import DEFAULT_CHUNK_BYTES, all_gather, all_reduce, reduce_scatter
 from .counters import reset_stats, stats
+from .dilation import Dilation
 from .plan import default_chunk_bytes
 from .streams import RandomStreams, derive, mix64
 from .validate import ALGORITHMS, OPS
@@ -37,6 +39,7 @@ from .wire import Wire
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_CHUNK_BYTES",
+    "Dilation",
     "OPS",
     "RandomStreams",
     "Thresholds",

@@ -12,7 +12,9 @@ chunking, overlap), built once per collective by fp4quant.comm.collectives.  Eac
 chunk by chunk (fp4quant.comm.plan.chunks); with more than one chunk the collective of
 chunk k runs (async_op=True) while the codec works on its neighbours.  ``call.rec`` (a
 counters.Recorder) counts the bytes each rank sends: (W-1) of its W messages in an
-all-to-all or an all-gather.
+all-to-all or an all-gather, and the W-1 wire steps of each (where the emulated cluster's
+dilation sleeps their latency); each codec op tells it the bytes the target's op moves
+(values at dilation.TARGET_VALUE_BYTES, messages at their own size): its codec stretch.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch.distributed as dist
 from .. import ops
 from . import plan
 from .counters import Recorder
+from .dilation import TARGET_VALUE_BYTES as VB
 from .streams import CallStreams
 from .wire import Wire
 
@@ -58,6 +61,7 @@ class Call:
         if self.world == 1:
             return None
         with self.rec.comm(), warnings.catch_warnings():
+            self.rec.wire(self.world - 1)  # an all-to-all or all-gather: W-1 steps
             warnings.simplefilter("ignore", FutureWarning)
             return fn(*args, group=self.group, async_op=True)
 
@@ -97,9 +101,10 @@ def _quantize_gather(src: torch.Tensor, call: Call):
     world, rec = call.world, call.rec
 
     def quantize(ch: plan.Chunk):
-        with rec.codec():
+        with rec.codec() as op:
             rows = src[ch.start : ch.start + ch.numel].view(1, -1)
             msg = ops.quantize_rows(rows, call.config, call.streams.seed, call.streams.offset(ch.start))
+            op.bytes_moved = VB * ch.numel + msg.numel()
         gathered = msg.new_empty(world * msg.numel()) if world > 1 else msg
         rec.bytes_sent += (world - 1) * msg.numel()
         return (ch, gathered), call.issue(all_gather_flat, gathered, msg.view(-1))
@@ -119,26 +124,29 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
             buf = flat.new_zeros(world * S)
             buf[: ch.numel].copy_(src)
             src = buf
-        with rec.codec():
+        with rec.codec() as op:
             msgs = ops.quantize_rows(src.view(world, S), config, seed, call.streams.offset(ch.start))
+            op.bytes_moved = VB * world * S + msgs.numel()
         recv = torch.empty_like(msgs) if world > 1 else msgs
         rec.bytes_sent += (world - 1) * msgs.shape[1]
         return (ch, S, recv), call.issue(dist.all_to_all_single, recv, msgs)
 
     def reduce(state):
         ch, S, recv = state
-        with rec.codec():
+        with rec.codec() as op:
             shard = ops.dequantize_reduce(recv, S, config, dtype, requantize=True, seed=seed,
                                           offset=call.streams.offset(ch.start, requant=True))
+            op.bytes_moved = recv.numel() + shard.numel()
         gathered = shard.new_empty(world * shard.numel()) if world > 1 else shard
         rec.bytes_sent += (world - 1) * shard.numel()
         return (ch, S, gathered), call.issue(all_gather_flat, gathered, shard)
 
     def finish(state):
         ch, S, gathered = state
-        with rec.codec():
+        with rec.codec() as op:
             # the shards hold sums: one that overflows the dtype is +-inf, as in dequantize_reduce
             vals = ops.dequantize_rows(gathered.view(world, -1), S, config, dtype, saturate=world == 1)
+            op.bytes_moved = gathered.numel() + VB * world * S
         flat[ch.start : ch.start + ch.numel].copy_(vals.view(-1)[: ch.numel])
         return None, None
 
@@ -151,8 +159,9 @@ def one_shot(flat: torch.Tensor, call: Call) -> None:
 
     def finish(state):
         ch, gathered = state
-        with call.rec.codec():
+        with call.rec.codec() as op:
             vals = ops.dequantize_reduce(gathered.view(world, -1), ch.numel, call.config, dtype, requantize=False)
+            op.bytes_moved = gathered.numel() + VB * ch.numel
         flat[ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
 
@@ -165,8 +174,9 @@ def gather(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
 
     def finish(state):
         ch, gathered = state
-        with call.rec.codec():
+        with call.rec.codec() as op:
             vals = ops.dequantize_rows(gathered.view(world, -1), ch.numel, call.config, dtype)
+            op.bytes_moved = gathered.numel() + VB * world * ch.numel
         out[:, ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
 
@@ -180,17 +190,19 @@ def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
 
     def quantize(ch: plan.Chunk):
         rows = src[:, ch.start : ch.start + ch.numel]
-        with rec.codec():
+        with rec.codec() as op:
             msgs = ops.quantize_rows(rows.contiguous(), config, call.streams.seed,
                                      call.streams.offset(world * ch.start))
+            op.bytes_moved = VB * rows.numel() + msgs.numel()
         recv = torch.empty_like(msgs) if world > 1 else msgs
         rec.bytes_sent += (world - 1) * msgs.shape[1]
         return (ch, recv), call.issue(dist.all_to_all_single, recv, msgs)
 
     def finish(state):
         ch, recv = state
-        with rec.codec():
+        with rec.codec() as op:
             vals = ops.dequantize_reduce(recv, ch.numel, config, dtype, requantize=False)
+            op.bytes_moved = recv.numel() + VB * ch.numel
         out[ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
 

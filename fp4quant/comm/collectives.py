@@ -22,6 +22,7 @@ from . import algorithms, auto, plan
 from . import validate as vd
 from .algorithms import Call, all_gather_flat, reduce_scatter_flat
 from .counters import Recorder
+from .dilation import Dilation
 from .streams import CallStreams, RandomStreams
 from .wire import Wire
 
@@ -58,9 +59,10 @@ class _Setup:
     chunk_bytes: int | str | None
     overlap: bool
     sync_timing: bool
+    dilation: Dilation
 
     def recorder(self, device: torch.device) -> Recorder:
-        return Recorder(self.stats_key, device, self.sync_timing)
+        return Recorder(self.stats_key, device, self.sync_timing, self.dilation)
 
     def call(self, rec: Recorder, t: torch.Tensor, numel: int) -> Call:
         """The Call of a compressed collective of ``numel`` values per shard (draws its streams)."""
@@ -71,7 +73,7 @@ class _Setup:
 
 def _prepare(name: str, group, spec: WireSpec, checks: Callable[[Wire, int], Any], *, validate: bool,
              streams: RandomStreams | None, stats_key: str, chunk_bytes, overlap: bool, sync_timing: bool,
-             **fields) -> tuple[_Setup | None, Any]:
+             dilation: Dilation | None, **fields) -> tuple[_Setup | None, Any]:
     """Resolve the group and the wire, run the local checks (which return what they resolved),
     validate across ranks if asked.  (None, None) when this rank is not in the group."""
     rank = dist.get_rank(group)
@@ -86,6 +88,8 @@ def _prepare(name: str, group, spec: WireSpec, checks: Callable[[Wire, int], Any
         checked = checks(wire, world)
         vd.check_chunk_bytes(chunk_bytes)
         vd.check_streams(wire, streams)
+        if dilation is not None and not isinstance(dilation, Dilation):
+            raise TypeError(f"dilation must be a fp4quant.comm.Dilation or None, got {type(dilation).__name__}")
     except (TypeError, ValueError) as exc:
         error, wire = exc, None
     if validate:
@@ -94,7 +98,7 @@ def _prepare(name: str, group, spec: WireSpec, checks: Callable[[Wire, int], Any
         raise error
     assert wire is not None
     setup = _Setup(group if group is not None else dist.group.WORLD, world, rank, wire, streams, stats_key,
-                   chunk_bytes, overlap, sync_timing)
+                   chunk_bytes, overlap, sync_timing, dilation or Dilation())
     return setup, checked
 
 
@@ -111,6 +115,7 @@ def all_reduce(
     streams: RandomStreams | None = None,
     overlap: bool = True,
     sync_timing: bool = False,
+    dilation: Dilation | None = None,
 ) -> None:
     """All-reduce ``tensor`` in place over ``group``, compressed under ``config``.
 
@@ -139,6 +144,8 @@ def all_reduce(
     overlap     False: each pipeline chunk through all its stages before the next (the
                 benchmark's control for what overlap buys)
     sync_timing on CUDA, synchronize around timed steps so stats() holds GPU durations
+    dilation    the emulated cluster's time dilation (fp4quant.comm.dilation: latency slept
+                per wire step, codec ops stretched to the dilated target's); None: none
 
     World size 1 still runs the codec, so the error is that of any world size.
     """
@@ -150,7 +157,7 @@ def all_reduce(
 
     setup, op_name = _prepare(
         "all_reduce", group, config, checks, validate=validate, streams=streams, stats_key=stats_key,
-        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing,
+        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing, dilation=dilation,
         tensor=tensor, op=str(op), algorithm=algorithm,
     )
     if setup is None:
@@ -181,6 +188,7 @@ def _all_reduce(tensor: torch.Tensor, setup: _Setup, op_name: str, algorithm: st
         if algo == "uncompressed":
             rec.bytes_sent = rec.bytes_uncompressed
             with rec.comm():
+                rec.wire(2 * (world - 1))  # a ring: reduce-scatter then all-gather
                 dist.all_reduce(flat, group=setup.group)
         else:
             run = algorithms.two_shot if algo == "two_shot" else algorithms.one_shot
@@ -225,6 +233,7 @@ def _shard_collective(input: torch.Tensor, output: torch.Tensor, setup: _Setup, 
         if setup.wire.kind != "compressed":
             rec.bytes_sent = rec.bytes_uncompressed
             with rec.comm():
+                rec.wire(world - 1)
                 plain = all_gather_flat if gathers else reduce_scatter_flat
                 _quiet(plain, flat, src, group=setup.group)
         elif gathers:
@@ -257,6 +266,7 @@ def all_gather(
     streams: RandomStreams | None = None,
     overlap: bool = True,
     sync_timing: bool = False,
+    dilation: Dilation | None = None,
 ) -> None:
     """Gather every rank's ``input`` into ``output`` (W * input.numel() values, rank order),
     like ``torch.distributed.all_gather_into_tensor``; each input crosses the wire as one
@@ -268,7 +278,7 @@ def all_gather(
 
     setup, _ = _prepare(
         "all_gather", group, config, checks, validate=validate, streams=streams, stats_key=stats_key,
-        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing,
+        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing, dilation=dilation,
         input=input, output=output,
     )
     if setup is not None:
@@ -288,6 +298,7 @@ def reduce_scatter(
     streams: RandomStreams | None = None,
     overlap: bool = True,
     sync_timing: bool = False,
+    dilation: Dilation | None = None,
 ) -> None:
     """Reduce ``input`` (W * output.numel() values) over ``group`` and keep shard r (values
     r * n .. (r + 1) * n - 1) on rank r, like ``torch.distributed.reduce_scatter_tensor``.
@@ -304,7 +315,7 @@ def reduce_scatter(
 
     setup, op_name = _prepare(
         "reduce_scatter", group, config, checks, validate=validate, streams=streams, stats_key=stats_key,
-        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing,
+        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing, dilation=dilation,
         input=input, output=output, op=str(op),
     )
     if setup is not None:

@@ -17,6 +17,14 @@ quantize_s          seconds in the codec ops (quantize, dequantize-reduce, dequa
 comm_s              seconds in the collectives: issuing them, and waiting for them; with
                     chunked pipelining, only the part not hidden behind the codec
 total_s             seconds of the whole call (includes padding and copies)
+wire_steps          wire steps of the collectives (a ring all-reduce or the two-shot
+                    2 (W-1), an all-gather, all-to-all or reduce-scatter W-1): under the
+                    emulated cluster's dilation (fp4quant.comm.dilation) each had its
+                    latency slept first, inside comm_s
+codec_stretch_s     under the dilation: seconds slept after codec ops to last as long as
+                    the dilated target codec, inside quantize_s
+codec_unstretched   under the dilation: codec ops already slower than the dilated target
+                    (nothing slept: this machine's codec was the slower)
 
 Time is host wall-clock (``time.perf_counter``).  On CPU the ops are synchronous, so it
 is what each step costs.  On CUDA the ops are asynchronous: without ``sync_timing=True``
@@ -39,11 +47,15 @@ from typing import Any, Iterator
 
 import torch
 
-FIELDS = ("calls", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "total_s")
+from .dilation import Dilation
+
+FIELDS = ("calls", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "total_s", "wire_steps",
+          "codec_stretch_s", "codec_unstretched")
+COUNTS = ("calls", "bytes_sent", "bytes_uncompressed", "wire_steps", "codec_unstretched")
 
 
 def _new() -> dict[str, float]:
-    return {f: 0 if f in ("calls", "bytes_sent", "bytes_uncompressed") else 0.0 for f in FIELDS}
+    return {f: 0 if f in COUNTS else 0.0 for f in FIELDS}
 
 
 _STATS: defaultdict[str, dict[str, float]] = defaultdict(_new)
@@ -51,7 +63,8 @@ _STATS: defaultdict[str, dict[str, float]] = defaultdict(_new)
 
 def stats() -> dict[str, dict[str, Any]]:
     """A copy of the counters: ``{stats_key: {calls, bytes_sent, bytes_uncompressed,
-    quantize_s, comm_s, total_s}}`` (see the module doc for what each counts)."""
+    quantize_s, comm_s, total_s, wire_steps, codec_stretch_s, codec_unstretched}}`` (see the
+    module doc for what each counts)."""
     return copy.deepcopy(dict(_STATS))
 
 
@@ -60,18 +73,34 @@ def reset_stats() -> None:
     _STATS.clear()
 
 
+class CodecOp:
+    """What one codec op moves at the target (set by the op's caller): stretched to it on exit."""
+
+    __slots__ = ("bytes_moved",)
+
+    def __init__(self) -> None:
+        self.bytes_moved = 0
+
+
 class Recorder:
-    """Accumulates one call's counters; ``commit()`` adds them to the totals of ``key``."""
+    """Accumulates one call's counters; ``commit()`` adds them to the totals of ``key``.
+    ``dilation``: the emulated cluster's latency and codec stretch (nothing slept by default)."""
 
-    __slots__ = ("key", "cuda", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "start")
+    __slots__ = ("key", "cuda", "dilation", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "start",
+                 "wire_steps", "codec_stretch_s", "codec_unstretched")
 
-    def __init__(self, key: str, device: torch.device, sync_timing: bool = False) -> None:
+    def __init__(self, key: str, device: torch.device, sync_timing: bool = False,
+                 dilation: Dilation | None = None) -> None:
         self.key = key
         self.cuda = device.type == "cuda" and sync_timing
+        self.dilation = dilation or Dilation()
         self.bytes_sent = 0
         self.bytes_uncompressed = 0
         self.quantize_s = 0.0
         self.comm_s = 0.0
+        self.wire_steps = 0
+        self.codec_stretch_s = 0.0
+        self.codec_unstretched = 0
         self.start = time.perf_counter()
 
     def _now(self) -> float:
@@ -80,10 +109,27 @@ class Recorder:
         return time.perf_counter()
 
     @contextmanager
-    def codec(self) -> Iterator[None]:
+    def codec(self) -> Iterator[CodecOp]:
+        """Time a codec op; under a codec dilation, sleep until it has lasted the dilated
+        target's time for the ``bytes_moved`` the caller sets on the yielded CodecOp."""
         t = self._now()
-        yield
-        self.quantize_s += self._now() - t
+        op = CodecOp()
+        yield op
+        elapsed = self._now() - t
+        target = self.dilation.codec_target_s(op.bytes_moved)
+        if target > elapsed:
+            self.dilation.sleep(target - elapsed)
+            self.codec_stretch_s += target - elapsed
+            elapsed = self._now() - t  # what it lasted, the sleep's overshoot included
+        elif target > 0:
+            self.codec_unstretched += 1
+        self.quantize_s += elapsed
+
+    def wire(self, steps: int) -> None:
+        """Count ``steps`` wire steps of a collective about to be issued; under a latency
+        dilation, sleep each one's latency first (call inside ``comm()``)."""
+        self.wire_steps += steps
+        self.dilation.wire_steps(steps)
 
     @contextmanager
     def comm(self) -> Iterator[None]:
@@ -99,3 +145,6 @@ class Recorder:
         s["quantize_s"] += self.quantize_s
         s["comm_s"] += self.comm_s
         s["total_s"] += time.perf_counter() - self.start
+        s["wire_steps"] += self.wire_steps
+        s["codec_stretch_s"] += self.codec_stretch_s
+        s["codec_unstretched"] += self.codec_unstretched

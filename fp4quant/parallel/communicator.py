@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..comm import DEFAULT_CHUNK_BYTES, RandomStreams, Wire, all_gather, all_reduce, reduce_scatter
+from ..comm import DEFAULT_CHUNK_BYTES, Dilation, RandomStreams, Wire, all_gather, all_reduce, reduce_scatter
 from ..format.config import QuantConfig
 from .capture import TrafficCapture
 
@@ -40,7 +40,8 @@ class CommConfig:
     for exact; ``algorithm``, ``chunk_bytes``, ``overlap`` and ``sync_timing`` as in
     fp4quant.comm.all_reduce; ``seed``: the base seed of the communicator's random streams;
     ``validate``: validate every collective across ranks (one all_gather_object each; a
-    trainer validates its first step whatever this says)."""
+    trainer validates its first step whatever this says); ``dilation``: the emulated
+    cluster's latency and codec stretch (fp4quant.comm.dilation; None outside it)."""
 
     fwd: QuantConfig | None = None
     bwd: QuantConfig | None = None
@@ -50,6 +51,7 @@ class CommConfig:
     validate: bool = False
     overlap: bool = True
     sync_timing: bool = False
+    dilation: Dilation | None = None
 
     @classmethod
     def from_preset(cls, preset: str, compress: str = "both", stochastic_backward: bool = True, **kwargs) -> CommConfig:
@@ -125,7 +127,7 @@ class TPCommunicator:
         route = self.routes[direction]
         return dict(config=route.wire, group=self.group, chunk_bytes=self.config.chunk_bytes, validate=self.validate,
                     stats_key=route.stats_key, streams=self.streams, overlap=self.config.overlap,
-                    sync_timing=self.config.sync_timing)
+                    sync_timing=self.config.sync_timing, dilation=self.config.dilation)
 
     def _check_real(self) -> None:
         if self.virtual:
@@ -162,5 +164,7 @@ class TPCommunicator:
         """Uncompressed all-reduce for the small, exact reductions (softmax statistics, norms)."""
         self._check_real()
         if self.world > 1:
+            if self.config.dilation is not None:
+                self.config.dilation.wire_steps(2 * (self.world - 1))  # a ring, as comm.all_reduce's
             dist.all_reduce(x, op=op, group=self.group)
         return x

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from .. import comm
 from ..data import TokenDataset
+from ..environment import cluster_dilation
 from ..models import Qwen2ForCausalLM
 from ..models.hf import load_safetensors
 from ..models.hf_tp import HFTensorParallel, config_file, is_hf
@@ -74,7 +75,8 @@ class Trainer:
         self.is_logger = self.mesh.rank == 0
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
                                                   algorithm=cfg.algorithm, seed=cfg.seed,
-                                                  validate=cfg.validate_every_step, sync_timing=cfg.sync_timing)
+                                                  validate=cfg.validate_every_step, sync_timing=cfg.sync_timing,
+                                                  dilation=comm.Dilation(*cluster_dilation()))
         self.capture = None
         if cfg.capture_steps and self.mesh.dp_rank == 0:  # the DP replicas send the same kind of traffic
             meta = {"model": cfg.model, "model_config": cfg.model_config().to_dict(), "tp": cfg.tp,
@@ -334,7 +336,8 @@ class Trainer:
             "mesh": {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp,
                      "backend": dist.get_backend() if dist.is_initialized() else None, "device": self.device.type},
             "model": self.model.cfg.to_dict(),
-            "comm": {"fwd": str(self.comm_config.fwd), "bwd": str(self.comm_config.bwd), "algorithm": self.cfg.algorithm},
+            "comm": {"fwd": str(self.comm_config.fwd), "bwd": str(self.comm_config.bwd), "algorithm": self.cfg.algorithm,
+                     "dilation": self.comm_config.dilation.to_dict()},  # the emulated cluster's (zeros elsewhere)
             "steps": self.step,
             "resumed_from": resumed_from,
             "lr_schedule": self.schedule,

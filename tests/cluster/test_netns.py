@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -110,11 +111,16 @@ def test_unavailable_cluster_falls_back_to_loopback_in_one_line(tmp_path, capfd,
     assert "emulated cluster unavailable (disabled by FP4QUANT_NO_CLUSTER=1); running on loopback" in err
     rec = json.loads(record.read_text())
     assert rec["emulated"] is False and "FP4QUANT_NO_CLUSTER" in rec["reason"] and rec["hardware"]
+    assert rec["dilation"] is None  # on loopback nothing is dilated, the link included
 
 
-def test_link_spec_burst_is_at_least_one_megabit():
-    args = LinkSpec(rate_bps=10e6).tbf_args()
-    burst = int(args[args.index("burst") + 1].rstrip("b"))
-    assert burst * 8 >= 1 << 20
-    big = LinkSpec(rate_bps=10e9).tbf_args()
-    assert int(big[big.index("burst") + 1].rstrip("b")) >= 10e9 / 8 / 250
+def test_link_spec_burst_scales_with_the_rate():
+    """The bucket holds the same 4 ms (1/HZ) of traffic at every rate, and at least one frame."""
+    for rate in (60e6, 10e9):
+        args = LinkSpec(rate_bps=rate).tbf_args()
+        burst = int(args[args.index("burst") + 1].rstrip("b"))
+        assert burst == LinkSpec(rate).burst_bytes == math.ceil(rate / 8 / 250)
+    assert LinkSpec(1e5).burst_bytes == 1514  # 50 bytes of 4 ms: one frame must fit
+    assert LinkSpec(60e6, burst_s=0.1).burst_bytes == 750_000
+    with pytest.raises(ValueError, match="burst"):
+        LinkSpec(60e6, burst_s=1e-3)
