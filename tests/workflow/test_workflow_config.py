@@ -42,7 +42,7 @@ def error_of(config) -> str:
 
 def test_the_shipped_configurations_pass():
     default = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
-    for name in ("default", "ci", "h100", "loopback"):
+    for name in ("default", "ci", "h100", "loopback", "compute", "study"):
         config_check.check({**default, **yaml.safe_load((REPO / f"workflow/config/{name}.yaml").read_text())}, SCHEMA)
 
 
@@ -57,6 +57,16 @@ def test_the_shipped_configurations_pass():
     (lambda c: c["train"].update(comms=[]), "train.comms must list at least 1 item, got []"),
     (lambda c: c["train"].update(comms=["bf16", "fp4quantt"]),
      "train.comms[1]: 'fp4quantt' is not a TP communication preset (did you mean fp4quant?)"),
+    (lambda c: c["train"].update(comms=["bf16", "fp4quant@fwdd"]),
+     "train.comms[1]: 'fp4quant@fwdd': @fwdd must name a direction: @none, @fwd, @bwd, @both"),
+    (lambda c: c["train"].update(comms=["bf16@fwd"]), "train.comms[0]: 'bf16@fwd': @fwd changes nothing for bf16"),
+    (lambda c: c["train"].update(comms=["fp4quant+quartet"]),
+     "train.comms[0]: 'fp4quant+quartet': the compute is train.computes, not part of a comm"),
+    (lambda c: c.update(study={"batches": [["bf16"], ["fp4quant@bwd"]]}),
+     "study.batches[1][0]: 'fp4quant@bwd' is not in train.comms"),
+    (lambda c: c.update(study={"batches": [["bf16", "fp4quant"], ["fp4quant"]]}),
+     "study.batches[1][0]: 'fp4quant' is already in study.batches[0][1]"),
+    (lambda c: c.update(study={"batches": []}), "study.batches must list at least 1 item, got []"),
     (lambda c: c["bench"].update(collective_presets=["bf16"]),
      "bench.collective_presets[0]: the collective benchmark does not measure 'bf16'"),
     (lambda c: c["cluster"].update(nodes=4),
@@ -113,7 +123,7 @@ def test_training_defaults_and_choices_are_stated_once():
     assert set(re.findall(r'"(\w+)"', options)) <= fields
     body = smk[smk.index("def train_args"):smk.index("rule train:")]
     assert not re.search(r"""\.get\(['"]\w+['"], """, body), "a default restated in train_args"
-    for name in ("default", "ci", "h100", "loopback"):
+    for name in ("default", "ci", "h100", "loopback", "compute", "study"):
         section = yaml.safe_load((REPO / f"workflow/config/{name}.yaml").read_text()).get("train", {})
         defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
         # h100 states its own choices; the CPU default states only what differs from the trainer
