@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..format.config import QuantConfig
 from ..models.config import ModelConfig
 from ..perfmodel import machines
 from ..perfmodel.__main__ import PROJECTIONS
@@ -44,6 +45,17 @@ def standard_error(values) -> float:
     return float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
 
 
+def wire_bits_per_value(config: str, device: str) -> float:
+    """Bits per value on the wire of a run name, averaged over the two directions (they carry the
+    same number of values, fp4quant.perfmodel.model): the format's QuantConfig.bits_per_value
+    where that direction is compressed, else 16 (BF16); exact sends the tensors' own dtype."""
+    comm, compress, _ = parse_run_name(config)
+    if comm == "exact":
+        return float(DTYPE_BITS[device])
+    q = QuantConfig.preset(comm)
+    return sum(q.bits_per_value if q.compressed and compress in (d, "both") else 16.0 for d in ("fwd", "bwd")) / 2
+
+
 def runs(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
     """convergence.csv: one row per run folder (each with summary.json and its validation batches)."""
     rows = []
@@ -55,15 +67,14 @@ def runs(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
             raise StudyError(f"{d}: no validation loss per batch (the study needs eval_batches >= 2)")
         if not all(math.isfinite(x) for x in batches):
             raise StudyError(f"{d}: a validation batch's loss is not finite")
-        sent = s["fwd_bytes_sent"] + s["bwd_bytes_sent"]
+        sent = s["fwd_bytes_sent"] + s["bwd_bytes_sent"]  # measured, beside the format's nominal bits
         rows.append({
             "config": series(cfg), "seed": cfg["seed"], "steps": s["steps"],
             "tokens": s["steps"] * cfg["seq_len"] * cfg["batch_size"] * s["mesh"]["dp"],
             "final_val_loss": s["val_loss"], "val_se": standard_error(batches), "val_batches": len(batches),
             "final_train_loss": s["final_loss"],
-            # measured: the bytes it sent over the bytes the uncompressed collectives would have
-            "wire_bits_per_value": (DTYPE_BITS[s["mesh"]["device"]] * sent / s["bytes_uncompressed"]
-                                    if s["bytes_uncompressed"] else float("nan")),
+            "wire_bits_per_value": wire_bits_per_value(series(cfg), s["mesh"]["device"]),
+            "bytes_sent": sent,
             "tokens_per_s": s["tokens_per_s"], "model": cfg["model"], "profile": profile, "run": str(d),
             "val_batch_losses": json.dumps(batches),
             **{k: s["provenance"][k] for k in PROVENANCE_COLUMNS},

@@ -18,11 +18,10 @@ from fp4quant.train.config import ConfigError, parse_run_name, run_name
 PROV = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "abc123", "torch": "2.13.0+cpu"}
 
 
-def write_run(folder, comm, seed, batches, compress="both", bits=None, steps=40):
+def write_run(folder, comm, seed, batches, compress="both", steps=40):
     """A run folder as the trainer writes it, with the validation losses ``batches``."""
     folder.mkdir(parents=True)
-    uncompressed = 4_000_000
-    sent = uncompressed * (bits or 16) / 32  # float32 tensors on CPU
+    uncompressed = sent = 4_000_000
     cfg = {"model": "small", "comm": comm, "compress": compress, "compute": "exact", "seed": seed, "seq_len": 16,
            "batch_size": 2}
     summary = {"provenance": {**PROV, "config": cfg}, "mesh": {"tp": 2, "dp": 1, "world": 2, "backend": "gloo",
@@ -47,7 +46,7 @@ def runs(tmp_path):
     for name, deltas in shift.items():
         comm, compress, _ = parse_run_name(name)
         for s, delta in enumerate(deltas):
-            dirs.append(write_run(tmp_path / name / f"seed{s}", comm, s, base[s] + delta, compress, bits=4.516))
+            dirs.append(write_run(tmp_path / name / f"seed{s}", comm, s, base[s] + delta, compress))
     return dirs, base, shift
 
 
@@ -60,7 +59,10 @@ def test_each_run_has_its_validation_standard_error(runs):
     assert row.tokens == 40 * 16 * 2 and row.val_batches == 6
     assert row.wire_bits_per_value == pytest.approx(16.0)
     assert set(conv.config) == {"bf16", "fp4quant", "fp4quant@fwd"}
-    assert conv[conv.config == "fp4quant"].wire_bits_per_value.iloc[0] == pytest.approx(4.516)
+    assert conv[conv.config == "fp4quant"].wire_bits_per_value.iloc[0] == pytest.approx(4.515625)  # 4 + 8/16 + 32/2048
+    assert conv[conv.config == "fp4quant@fwd"].wire_bits_per_value.iloc[0] == pytest.approx((4.515625 + 16) / 2)
+    assert study.wire_bits_per_value("exact", "cpu") == 32 and study.wire_bits_per_value("exact", "cuda") == 16
+    assert study.wire_bits_per_value("fp8", "cpu") == pytest.approx(8 + 32 / 2048)
 
 
 def test_the_paired_difference_and_its_t_interval(runs):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +43,13 @@ def error_of(config) -> str:
 
 def test_the_shipped_configurations_pass():
     default = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
+
+    def overlay(base, over):  # as Snakemake merges a --configfile over the Snakefile's default.yaml
+        return {k: overlay(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                for k, v in {**base, **over}.items()}
+
     for name in ("default", "ci", "h100", "loopback", "compute", "study"):
-        config_check.check({**default, **yaml.safe_load((REPO / f"workflow/config/{name}.yaml").read_text())}, SCHEMA)
+        config_check.check(overlay(default, yaml.safe_load((REPO / f"workflow/config/{name}.yaml").read_text())), SCHEMA)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -131,3 +137,31 @@ def test_training_defaults_and_choices_are_stated_once():
             required = set(SCHEMA["properties"]["train"]["required"])  # stated by every configuration
             same = [k for k, v in section.items() if k in defaults and k not in required and defaults[k] == v]
             assert not same, f"default.yaml restates TrainConfig defaults: {same}"
+
+
+def test_the_study_trains_each_batch_with_its_directions(tmp_path):
+    """workflow/config/study.yaml: study_batch<i> trains batch i's comms on every seed, a comm
+    "<preset>@fwd" with --compress fwd; `study` needs every run (a dry run: nothing trains)."""
+    import re
+
+    def dry_run(target):
+        r = subprocess.run([sys.executable, "-m", "snakemake", target, "--snakefile", str(REPO / "Snakefile"), "-n",
+                            "-p", "--cores", "1", "--configfile", str(REPO / "workflow/config/study.yaml")],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})  # this checkout's package
+        assert r.returncode == 0, r.stdout + r.stderr
+        return re.findall(r"-m fp4quant\.train (.*?) --out (\S+)", r.stdout)
+
+    study = yaml.safe_load((REPO / "workflow/config/study.yaml").read_text())
+    seeds = study["train"]["seeds"]
+    assert len(seeds) >= 3 and study["cluster"]["enabled"] is False
+    batches = study["study"]["batches"]
+    assert [c for b in batches for c in b] == study["train"]["comms"]  # every comm in one batch, in order
+    second = dry_run("study_batch2")
+    assert sorted(out for _, out in second) == sorted(f"data/study/runs/small/{c}/seed{s}" for c in batches[1]
+                                                      for s in seeds)
+    for args, out in second:
+        name = out.split("/")[-2]
+        assert f"--comm {name.split('@')[0]} " in args
+        assert ("--compress " + name.split("@")[1]) in args if "@" in name else "--compress" not in args
+    assert len(dry_run("study")) == len(study["train"]["comms"]) * len(seeds)

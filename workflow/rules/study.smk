@@ -1,8 +1,8 @@
 # The convergence study (workflow/config/study.yaml): every run of train.comms x train.seeds,
 # their results (data/<profile>/results/convergence.csv, convergence_summary.{csv,md}) and
 # figures (data/<profile>/figures/convergence.pdf, tradeoff.pdf).
-#   snakemake --cores all --configfile workflow/config/study.yaml study           # everything
-#   snakemake --cores all --configfile workflow/config/study.yaml study_batch1    # the first batch's runs
+#   snakemake --cores all study --configfile workflow/config/study.yaml           # everything
+#   snakemake --cores all study_batch1 --configfile workflow/config/study.yaml    # the first batch's runs
 
 STUDY_BATCHES = config.get("study", {}).get("batches") or [TRAIN["comms"]]
 STUDY_RESULTS = f"{OUT}/results"

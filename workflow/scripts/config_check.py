@@ -83,12 +83,12 @@ def describe(e: jsonschema.ValidationError) -> str:
 
 def check_presets(config: dict[str, Any]) -> None:
     for i, comm in enumerate(config["train"]["comms"]):
+        if "+" in comm:
+            raise ConfigError(f"train.comms[{i}]: {comm!r}: the compute is train.computes, not part of a comm")
         preset = comm.split("@")[0]
         if preset not in TRAIN_COMMS:
             raise ConfigError(f"train.comms[{i}]: {preset!r} is not a TP communication preset"
                               + did_you_mean(preset, TRAIN_COMMS))
-        if "+" in comm:
-            raise ConfigError(f"train.comms[{i}]: {comm!r}: the compute is train.computes, not part of a comm")
         try:  # "<preset>@<directions>": only a compressed preset has directions to leave out
             parse_run_name(comm)
         except TrainConfigError as exc:
