@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..provenance import atomic_write_csv, atomic_write_text
 from . import collect, figures, study, tables
-from .figures import FIGURES
+from .figures import FIGURES, STUDY_FIGURES
 from .freeze import freeze
 from .origin import MixedOrigin, check_same_origin
 from .tables import TABLES
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     s.add_argument("--out-dir", required=True, help="convergence.csv, convergence_summary.csv and .md")
     s.add_argument("--tables-dir", required=True, help="training.csv and curves.csv (the convergence figure's)")
     f = sub.add_parser("figure", help="one of the paper's figures")
-    f.add_argument("name", choices=FIGURES)
+    f.add_argument("name", choices=list(dict.fromkeys(FIGURES + STUDY_FIGURES)))
     t = sub.add_parser("table", help="one of the paper's tables")
     t.add_argument("name", choices=TABLES)
     for p in (f, t):

@@ -16,8 +16,8 @@ import seaborn as sns  # noqa: E402
 from ..provenance import atomic_write_bytes  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
 
-FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity", "traffic",
-           "tradeoff")
+FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity", "traffic")
+STUDY_FIGURES = ("convergence", "tradeoff")  # the convergence study's (workflow/rules/study.smk), not the paper's set
 ORDER = ["bf16", "fp4quant", "no_fwht", "single_scale", "naive_pack", "nvfp4", "mxfp4", "int4", "fp8"]
 
 

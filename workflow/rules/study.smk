@@ -4,6 +4,8 @@
 #   snakemake --cores all study --configfile workflow/config/study.yaml           # everything
 #   snakemake --cores all study_batch1 --configfile workflow/config/study.yaml    # the first batch's runs
 
+from fp4quant.analysis.figures import STUDY_FIGURES
+
 STUDY_BATCHES = config.get("study", {}).get("batches") or [TRAIN["comms"]]
 STUDY_RESULTS = f"{OUT}/results"
 STUDY_TABLES = f"{STUDY_RESULTS}/convergence_runs"  # the tables the convergence figure reads
@@ -49,7 +51,7 @@ rule study_figure:
     output:
         f"{OUT}/figures/{{name}}.pdf",
     wildcard_constraints:
-        name="convergence|tradeoff",
+        name="|".join(STUDY_FIGURES),
     log:
         f"{OUT}/logs/study_figure_{{name}}.log",
     params:
@@ -62,4 +64,4 @@ rule study_figure:
 rule study:
     input:
         rules.study_results.output,
-        expand(f"{OUT}/figures/{{name}}.pdf", name=["convergence", "tradeoff"]),
+        expand(f"{OUT}/figures/{{name}}.pdf", name=STUDY_FIGURES),
