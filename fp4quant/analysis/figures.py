@@ -199,7 +199,8 @@ def tradeoff(summary: pd.DataFrame, out, profile: str) -> None:
     bars = b.bar(order, p.projected_h100_speedup, color=[colours[c] for c in order])
     b.bar_label(bars, fmt="%.2fx", fontsize=6)
     b.axhline(1.0, color="k", lw=0.8)
-    b.set(ylabel="tokens/s over BF16", title="projected: Qwen-7B, TP=16 across two H100 nodes (assumed figures)")
+    b.set(ylabel="tokens/s over BF16", title="projected: Qwen-7B, TP=16 across two H100 nodes\n(assumed figures; "
+          "every format at fp4quant's codec rate unless measured)")
     b.title.set_fontsize(8)
     b.tick_params(axis="x", rotation=45, labelsize=7)
     _finish(fig, summary, profile, out)
