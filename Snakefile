@@ -48,6 +48,7 @@ include: "workflow/rules/traffic.smk"
 include: "workflow/rules/cluster.smk"
 include: "workflow/rules/results.smk"
 include: "workflow/rules/paper.smk"
+include: "workflow/rules/study.smk"
 
 
 rule all:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..provenance import atomic_write_csv
-from . import collect, figures, tables
-from .figures import FIGURES
+from ..provenance import atomic_write_csv, atomic_write_text
+from . import collect, figures, study, tables
+from .figures import FIGURES, STUDY_FIGURES
 from .freeze import freeze
 from .origin import MixedOrigin, check_same_origin
 from .tables import TABLES
@@ -24,7 +24,7 @@ READS = {"throughput": ["training"], "kernels": ["kernels"], "allreduce": ["coll
          "sensitivity": ["projection_sensitivity"],
          "convergence": ["curves", "training"], "error": ["error"], "formats": ["error"], "ablation": ["ablation"],
          "end_to_end": ["training"],
-         "traffic": ["traffic"]}
+         "traffic": ["traffic"], "tradeoff": ["convergence_summary"]}
 
 
 def _write(df: pd.DataFrame, path: Path) -> None:
@@ -59,6 +59,21 @@ def cmd_ablation(a) -> None:
     _write(df, Path(a.out))
 
 
+def cmd_study(a) -> None:
+    """The convergence study's results: its runs (convergence.csv), their summary (CSV and
+    Markdown), and, in their own folder, the training and curves tables the convergence figure reads."""
+    check_same_origin(run_inputs(a.runs))
+    out = Path(a.out_dir)
+    conv = study.runs(a.runs, a.profile)
+    table = study.summary(conv, a.order)
+    _write(conv, out / "convergence.csv")
+    _write(table, out / "convergence_summary.csv")
+    atomic_write_text(out / "convergence_summary.md", study.markdown(table, conv))
+    _write(collect.training(a.runs, a.profile), Path(a.tables_dir) / "training.csv")
+    _write(collect.curves(a.runs, a.profile), Path(a.tables_dir) / "curves.csv")
+    print(study.markdown(table, conv), file=sys.stderr)
+
+
 def check_inputs(a) -> None:
     """The figure or table's inputs (--inputs: every input of the figure set) come from one origin."""
     check_same_origin(a.inputs or [Path(a.results) / f"{name}.csv" for name in READS[a.name]])
@@ -80,6 +95,8 @@ def cmd_figure(a) -> None:
         figures.sensitivity(read("projection_sensitivity"), a.out, a.profile)
     elif a.name == "traffic":  # --results: the folder of bench/traffic.csv
         figures.traffic(read("traffic"), a.out, a.profile)
+    elif a.name == "tradeoff":
+        figures.tradeoff(read("convergence_summary"), a.out, a.profile)
     elif a.name == "convergence":
         figures.convergence(read("curves"), read("training"), a.out, a.profile)
     else:
@@ -115,8 +132,14 @@ def main(argv=None) -> int:
     b.add_argument("--error", required=True)
     b.add_argument("--kernels", required=True)
     b.add_argument("--out", required=True)
+    s = sub.add_parser("study", help="the convergence study's results from its run folders")
+    s.add_argument("--profile", required=True)
+    s.add_argument("--runs", nargs="+", required=True, help="training run folders (each with summary.json)")
+    s.add_argument("--order", nargs="*", default=[], help="the configurations' order in the summary")
+    s.add_argument("--out-dir", required=True, help="convergence.csv, convergence_summary.csv and .md")
+    s.add_argument("--tables-dir", required=True, help="training.csv and curves.csv (the convergence figure's)")
     f = sub.add_parser("figure", help="one of the paper's figures")
-    f.add_argument("name", choices=FIGURES)
+    f.add_argument("name", choices=list(dict.fromkeys(FIGURES + STUDY_FIGURES)))
     t = sub.add_parser("table", help="one of the paper's tables")
     t.add_argument("name", choices=TABLES)
     for p in (f, t):
@@ -139,8 +162,9 @@ def main(argv=None) -> int:
             print(f"froze profile {a.profile} ({'; '.join(origin['hardware'])}, commit {origin['commit'][:12]}) "
                   f"into {a.to}", file=sys.stderr)
         else:
-            {"collect": cmd_collect, "ablation": cmd_ablation, "figure": cmd_figure, "table": cmd_table}[a.command](a)
-    except (MixedOrigin, FileNotFoundError, FileExistsError) as exc:
+            {"collect": cmd_collect, "ablation": cmd_ablation, "study": cmd_study, "figure": cmd_figure,
+             "table": cmd_table}[a.command](a)
+    except (MixedOrigin, FileNotFoundError, FileExistsError, study.StudyError) as exc:
         print(f"fp4quant.analysis: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..train.config import run_name
+
 PROVENANCE_COLUMNS = ("hardware", "commit", "torch")
 
 
@@ -37,9 +39,9 @@ def training(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
 
 
 def series(cfg: dict) -> str:
-    """What a run is compared as: its TP communication, and its compute where not exact."""
-    compute = cfg.get("compute", "exact")
-    return cfg["comm"] if compute == "exact" else f"{cfg['comm']}+{compute}"
+    """What a run is compared as: its TP communication, the directions it compresses where not
+    both, and its compute where not exact (fp4quant.train.config.run_name, e.g. fp4quant@fwd)."""
+    return run_name(cfg["comm"], cfg.get("compress", "both"), cfg.get("compute", "exact"))
 
 
 def network(run_dir: Path) -> str:

@@ -17,6 +17,7 @@ from ..provenance import atomic_write_bytes  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
 
 FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity", "traffic")
+STUDY_FIGURES = ("convergence", "tradeoff")  # the convergence study's (workflow/rules/study.smk), not the paper's set
 ORDER = ["bf16", "fp4quant", "no_fwht", "single_scale", "naive_pack", "nvfp4", "mxfp4", "int4", "fp8"]
 
 
@@ -170,6 +171,39 @@ def convergence(curves: pd.DataFrame, training: pd.DataFrame, out, profile: str)
     else:
         b.set_axis_off()
     _finish(fig, training, profile, out)
+
+
+def tradeoff(summary: pd.DataFrame, out, profile: str) -> None:
+    """The convergence study's trade-off (fp4quant.analysis.study): left, each configuration's
+    validation-loss gap to BF16 (mean over seeds, bars: the paired 95% t interval) against the
+    bits per value it sent; right, the step model's projected H100 speedup over BF16 of the same
+    traffic (assumed figures)."""
+    d = summary[summary.config != "bf16"].dropna(subset=["diff_mean"])
+    colours = palette(summary.config)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [1.4, 1]})
+    for r in d.itertuples():
+        err = [[r.diff_mean - r.ci_low], [r.ci_high - r.diff_mean]] if pd.notna(r.ci_low) else None
+        a.errorbar([r.wire_bits_per_value], [r.diff_mean], yerr=err, fmt="o", ms=4, capsize=3, color=colours[r.config])
+        a.annotate(r.config, (r.wire_bits_per_value, r.diff_mean), xytext=(4, 3), textcoords="offset points", fontsize=6)
+    a.axhline(0.0, color="k", lw=0.8)
+    a.set(xscale="log", xlabel="bits per value on the wire (the format's, mean of forward and backward)",
+          ylabel="validation loss - BF16's (same seed)",
+          title=f"{int(d.n_pairs.min()) if len(d) else 0}+ seeds per point, bars: 95% t interval of the paired mean")
+    a.set_xticks([4.5, 8, 16, 32], ["4.5", "8", "16", "32"])
+    a.margins(x=0.15)  # room for the labels of the points at either end
+    a.minorticks_off()
+    a.title.set_fontsize(8)
+    p = summary.dropna(subset=["projected_h100_speedup"])
+    order = _order(p.config)
+    p = p.set_index("config").loc[order]
+    bars = b.bar(order, p.projected_h100_speedup, color=[colours[c] for c in order])
+    b.bar_label(bars, fmt="%.2fx", fontsize=6)
+    b.axhline(1.0, color="k", lw=0.8)
+    b.set(ylabel="tokens/s over BF16", title="projected: Qwen-7B, TP=16 across two H100 nodes\n(assumed figures; "
+          "every format at fp4quant's codec rate unless measured)")
+    b.title.set_fontsize(8)
+    b.tick_params(axis="x", rotation=45, labelsize=7)
+    _finish(fig, summary, profile, out)
 
 
 def error(df: pd.DataFrame, out, profile: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..comm import ALGORITHMS
 from ..data import DEFAULT_FOLDER
-from ..format.config import PRESETS
+from ..format.config import PRESETS, QuantConfig
 from ..models.config import MODEL_PRESETS, ModelConfig
 from ..models.hf_tp import is_hf, read_config
 from ..parallel.communicator import COMPRESS_CHOICES
@@ -158,6 +158,36 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def directional(comm: str, compress: str) -> bool:
+    """Whether ``compress`` changes what ``comm`` sends: only a compressed preset has directions
+    to leave out (exact and bf16 send the same whatever it says)."""
+    return comm in PRESETS and QuantConfig.preset(comm).compressed and compress != "both"
+
+
+def run_name(comm: str, compress: str = "both", compute: str = "exact") -> str:
+    """What a run is compared as: ``<comm>[@<compress>][+<compute>]``, e.g. fp4quant@fwd (the
+    fp4quant codec forward only, BF16 backward), fp4quant+quartet; the inverse of parse_run_name."""
+    return comm + (f"@{compress}" if directional(comm, compress) else "") + (f"+{compute}" if compute != "exact" else "")
+
+
+def parse_run_name(name: str) -> tuple[str, str, str]:
+    """(comm, compress, compute) of a run name (see run_name); ConfigError naming what is wrong."""
+    rest, _, compute = name.partition("+")
+    comm, at, compress = rest.partition("@")
+    compute = compute or "exact"
+    compress = compress if at else "both"
+    if comm not in PRESETS and comm != "exact":
+        raise ConfigError(f"{name!r}: {comm!r} is not a TP communication preset ({', '.join(PRESETS)}) or exact")
+    if compress not in COMPRESS_CHOICES:
+        raise ConfigError(f"{name!r}: @{compress} must name a direction: @{', @'.join(COMPRESS_CHOICES)}")
+    if at and not directional(comm, compress):
+        raise ConfigError(f"{name!r}: @{compress} changes nothing for {comm} (only a compressed preset has "
+                          "directions to leave out, and @both is the default)")
+    if compute not in COMPUTE_KINDS:
+        raise ConfigError(f"{name!r}: +{compute} must be a compute ({', '.join(COMPUTE_KINDS)})")
+    return comm, compress, compute
 
 
 def world_from_env() -> int:

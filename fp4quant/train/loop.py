@@ -44,6 +44,11 @@ from .config import TrainConfig
 from .consistency import check_ranks_agree, resume_differences
 
 
+# the seed of the validation batches' order, whatever the run's seed: every run of a comparison
+# is validated on the same tokens
+VALIDATION_SEED = 0
+
+
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became non-finite; the run stopped before applying it."""
 
@@ -266,20 +271,22 @@ class Trainer:
     # ---- evaluation, the run ---------------------------------------------------------------
 
     @torch.no_grad()
-    def evaluate(self) -> float | None:
+    def evaluate(self) -> list[float] | None:
+        """The validation loss of each of the eval_batches batches (mean over DP ranks).  The
+        batches are the same for every seed (VALIDATION_SEED): runs are compared on the same tokens."""
         if self.cfg.eval_batches == 0 or self.data.windows(self.cfg.seq_len, "val") == 0:
             return None
         self.model.eval()
-        total = 0.0
+        losses = []
         for i in range(self.cfg.eval_batches):
             ids, labels = self.data.batch(i, self.mesh.dp_rank, self.mesh.dp, self.cfg.batch_size, self.cfg.seq_len,
-                                          self.cfg.seed, split="val")
-            total += float(self._forward_loss(ids.to(self.device), labels.to(self.device)))
+                                          VALIDATION_SEED, split="val")
+            losses.append(float(self._forward_loss(ids.to(self.device), labels.to(self.device))))
         self.model.train()
-        t = torch.tensor([total / self.cfg.eval_batches], dtype=torch.float64, device=self.device)
+        t = torch.tensor(losses, dtype=torch.float64, device=self.device)
         if self.mesh.dp > 1:
             dist.all_reduce(t, group=self.mesh.dp_group)
-        return float(t) / self.mesh.dp
+        return (t / self.mesh.dp).tolist()
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -310,8 +317,7 @@ class Trainer:
             bar.close()
             if log:
                 log.close()
-        val_loss = self.evaluate()
-        summary = self.summary(val_loss, resumed_from)
+        summary = self.summary(self.evaluate(), resumed_from)
         if self.is_logger:
             atomic_write_json(self.out / "summary.json", summary)
         return summary
@@ -323,7 +329,7 @@ class Trainer:
                         "".join(line + "\n" for line in self.history) if self.is_logger else None, meta)
         self.last_checkpoint = self.step
 
-    def summary(self, val_loss: float | None, resumed_from: int | None) -> dict[str, Any]:
+    def summary(self, val_losses: list[float] | None, resumed_from: int | None) -> dict[str, Any]:
         records = [json.loads(line) for line in self.history]
         steady = records[len(records) // 10 :] or records  # leave out the first tenth (warm-up of caches)
         tail = records[-10:]
@@ -342,7 +348,8 @@ class Trainer:
             "resumed_from": resumed_from,
             "lr_schedule": self.schedule,
             "final_loss": sum(r["loss"] for r in tail) / len(tail) if tail else None,
-            "val_loss": val_loss,
+            "val_loss": sum(val_losses) / len(val_losses) if val_losses else None,
+            "val_batch_losses": val_losses,  # for the standard error of val_loss (fp4quant.analysis.study)
             "tokens_per_s": self.tokens_per_step * len(steady) / sum(r["step_time_s"] for r in steady) if steady else None,
             "step_time_s": sum(r["step_time_s"] for r in steady) / len(steady) if steady else None,
             "fwd_bytes_sent": total("fwd_bytes_sent") if records else 0,

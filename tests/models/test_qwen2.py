@@ -113,4 +113,6 @@ def test_configuration_errors_name_the_problem():
         ModelConfig(**dict(SMALL, num_heads=6, num_kv_heads=4, hidden_size=60))
     with pytest.raises(ValueError, match="unknown model"):
         ModelConfig.preset("gpt-5")
-    assert set(MODEL_PRESETS) == {"tiny", "qwen2-0.5b", "qwen-7b", "qwen2.5-7b"}
+    assert set(MODEL_PRESETS) == {"tiny", "small", "qwen2-0.5b", "qwen-7b", "qwen2.5-7b"}
+    assert 9.5e6 < ModelConfig.preset("small").num_parameters() < 11e6  # the convergence study's ~10M
+    ModelConfig.preset("small").check_tp(2)

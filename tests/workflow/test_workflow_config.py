@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +43,13 @@ def error_of(config) -> str:
 
 def test_the_shipped_configurations_pass():
     default = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
-    for name in ("default", "ci", "h100", "loopback"):
-        config_check.check({**default, **yaml.safe_load((REPO / f"workflow/config/{name}.yaml").read_text())}, SCHEMA)
+
+    def overlay(base, over):  # as Snakemake merges a --configfile over the Snakefile's default.yaml
+        return {k: overlay(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                for k, v in {**base, **over}.items()}
+
+    for name in ("default", "ci", "h100", "loopback", "compute", "study"):
+        config_check.check(overlay(default, yaml.safe_load((REPO / f"workflow/config/{name}.yaml").read_text())), SCHEMA)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -57,6 +63,16 @@ def test_the_shipped_configurations_pass():
     (lambda c: c["train"].update(comms=[]), "train.comms must list at least 1 item, got []"),
     (lambda c: c["train"].update(comms=["bf16", "fp4quantt"]),
      "train.comms[1]: 'fp4quantt' is not a TP communication preset (did you mean fp4quant?)"),
+    (lambda c: c["train"].update(comms=["bf16", "fp4quant@fwdd"]),
+     "train.comms[1]: 'fp4quant@fwdd': @fwdd must name a direction: @none, @fwd, @bwd, @both"),
+    (lambda c: c["train"].update(comms=["bf16@fwd"]), "train.comms[0]: 'bf16@fwd': @fwd changes nothing for bf16"),
+    (lambda c: c["train"].update(comms=["fp4quant+quartet"]),
+     "train.comms[0]: 'fp4quant+quartet': the compute is train.computes, not part of a comm"),
+    (lambda c: c.update(study={"batches": [["bf16"], ["fp4quant@bwd"]]}),
+     "study.batches[1][0]: 'fp4quant@bwd' is not in train.comms"),
+    (lambda c: c.update(study={"batches": [["bf16", "fp4quant"], ["fp4quant"]]}),
+     "study.batches[1][0]: 'fp4quant' is already in study.batches[0][1]"),
+    (lambda c: c.update(study={"batches": []}), "study.batches must list at least 1 item, got []"),
     (lambda c: c["bench"].update(collective_presets=["bf16"]),
      "bench.collective_presets[0]: the collective benchmark does not measure 'bf16'"),
     (lambda c: c["cluster"].update(nodes=4),
@@ -113,7 +129,7 @@ def test_training_defaults_and_choices_are_stated_once():
     assert set(re.findall(r'"(\w+)"', options)) <= fields
     body = smk[smk.index("def train_args"):smk.index("rule train:")]
     assert not re.search(r"""\.get\(['"]\w+['"], """, body), "a default restated in train_args"
-    for name in ("default", "ci", "h100", "loopback"):
+    for name in ("default", "ci", "h100", "loopback", "compute", "study"):
         section = yaml.safe_load((REPO / f"workflow/config/{name}.yaml").read_text()).get("train", {})
         defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
         # h100 states its own choices; the CPU default states only what differs from the trainer
@@ -121,3 +137,31 @@ def test_training_defaults_and_choices_are_stated_once():
             required = set(SCHEMA["properties"]["train"]["required"])  # stated by every configuration
             same = [k for k, v in section.items() if k in defaults and k not in required and defaults[k] == v]
             assert not same, f"default.yaml restates TrainConfig defaults: {same}"
+
+
+def test_the_study_trains_each_batch_with_its_directions(tmp_path):
+    """workflow/config/study.yaml: study_batch<i> trains batch i's comms on every seed, a comm
+    "<preset>@fwd" with --compress fwd; `study` needs every run (a dry run: nothing trains)."""
+    import re
+
+    def dry_run(target):
+        r = subprocess.run([sys.executable, "-m", "snakemake", target, "--snakefile", str(REPO / "Snakefile"), "-n",
+                            "-p", "--cores", "1", "--configfile", str(REPO / "workflow/config/study.yaml")],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})  # this checkout's package
+        assert r.returncode == 0, r.stdout + r.stderr
+        return re.findall(r"-m fp4quant\.train (.*?) --out (\S+)", r.stdout)
+
+    study = yaml.safe_load((REPO / "workflow/config/study.yaml").read_text())
+    seeds = study["train"]["seeds"]
+    assert len(seeds) >= 3 and study["cluster"]["enabled"] is False
+    batches = study["study"]["batches"]
+    assert [c for b in batches for c in b] == study["train"]["comms"]  # every comm in one batch, in order
+    second = dry_run("study_batch2")
+    assert sorted(out for _, out in second) == sorted(f"data/study/runs/small/{c}/seed{s}" for c in batches[1]
+                                                      for s in seeds)
+    for args, out in second:
+        name = out.split("/")[-2]
+        assert f"--comm {name.split('@')[0]} " in args
+        assert ("--compress " + name.split("@")[1]) in args if "@" in name else "--compress" not in args
+    assert len(dry_run("study")) == len(study["train"]["comms"]) * len(seeds)

@@ -5,6 +5,7 @@ import shutil
 
 import torch
 from fp4quant.provenance import git_commit, hardware
+from fp4quant.train.config import parse_run_name, run_name
 
 PROFILE = config["profile"]
 OUT = f"data/{PROFILE}"
@@ -56,12 +57,14 @@ def seeds_of(comm):
 
 
 # The compute of the linear layers (fp4quant.train --compute): a run of compute other than
-# exact lives in a folder named "<comm>+<compute>" (the ablations run with exact compute).
+# exact lives in a folder named "<comm>+<compute>" (the ablations run with exact compute).  A
+# comm may name its directions, "<preset>@fwd" (fp4quant.train.config.run_name).
 COMPUTES = TRAIN.get("computes", ["exact"])
 
 
 def variant(comm, compute):
-    return comm if compute == "exact" else f"{comm}+{compute}"
+    preset, compress, _ = parse_run_name(comm)
+    return run_name(preset, compress, compute)
 
 
 RUN_VARIANTS = [variant(c, k) for c in RUN_COMMS for k in (COMPUTES if c in TRAIN["comms"] else ["exact"])]

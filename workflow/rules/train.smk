@@ -22,12 +22,17 @@ TRAIN_OPTIONS = ("model", "tp", "compress", "algorithm", "steps", "seq_len", "ba
 
 
 def train_args(wildcards):
-    comm, _, compute = wildcards.comm.partition("+")  # a run folder "<comm>+<compute>" (common.variant)
+    # a run folder "<comm>[@<compress>][+<compute>]" (fp4quant.train.config.run_name)
+    comm, compress, compute = parse_run_name(wildcards.comm)
     flags = [f"--comm {comm}", f"--seed {wildcards.seed}", f"--data {OUT}/tokens"]
-    if compute:
+    if compute != "exact":
         flags.append(f"--compute {compute}")
+    if compress != "both":  # the run's own directions, over train.compress
+        flags.append(f"--compress {compress}")
     for key in TRAIN_OPTIONS:
         value = TRAIN.get(key)
+        if key == "compress" and compress != "both":
+            continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])

@@ -6,9 +6,10 @@ The Snakefile calls ``check(config, schema)``; a ``ConfigError`` becomes
 
 instead of Snakemake's dump of the whole schema.  First the schema
 (workflow/schemas/config.schema.yaml), then what a schema cannot say: the TP communication
-presets the code defines (fp4quant.format.PRESETS, plus "exact"), the presets the collective
-benchmark measures, and how the ranks of a training run split over the emulated nodes or
-the launcher's nodes.
+presets the code defines (fp4quant.format.PRESETS, plus "exact"; "<preset>@fwd" or "@bwd"
+compresses one direction), the presets the collective benchmark measures, the study's
+batches, and how the ranks of a training run split over the emulated nodes or the
+launcher's nodes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import jsonschema
 
 from fp4quant.bench.collectives import PRESETS as BENCH_PRESETS
 from fp4quant.format import PRESETS
+from fp4quant.train.config import ConfigError as TrainConfigError
+from fp4quant.train.config import parse_run_name
 
 TRAIN_COMMS = (*PRESETS, "exact")  # what `python -m fp4quant.train --comm` accepts
 TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
@@ -38,6 +41,7 @@ def check(config: dict[str, Any], schema: dict[str, Any]) -> None:
         first = min(errors, key=lambda e: (e.validator != "additionalProperties", -len(e.absolute_path)))
         raise ConfigError(describe(first))
     check_presets(config)
+    check_study(config)
     check_ranks(config)
 
 
@@ -79,13 +83,33 @@ def describe(e: jsonschema.ValidationError) -> str:
 
 def check_presets(config: dict[str, Any]) -> None:
     for i, comm in enumerate(config["train"]["comms"]):
-        if comm not in TRAIN_COMMS:
-            raise ConfigError(f"train.comms[{i}]: {comm!r} is not a TP communication preset"
-                              + did_you_mean(comm, TRAIN_COMMS))
+        if "+" in comm:
+            raise ConfigError(f"train.comms[{i}]: {comm!r}: the compute is train.computes, not part of a comm")
+        preset = comm.split("@")[0]
+        if preset not in TRAIN_COMMS:
+            raise ConfigError(f"train.comms[{i}]: {preset!r} is not a TP communication preset"
+                              + did_you_mean(preset, TRAIN_COMMS))
+        try:  # "<preset>@<directions>": only a compressed preset has directions to leave out
+            parse_run_name(comm)
+        except TrainConfigError as exc:
+            raise ConfigError(f"train.comms[{i}]: {exc}") from None
     for i, preset in enumerate(config["bench"].get("collective_presets", [])):
         if preset not in BENCH_PRESETS:
             raise ConfigError(f"bench.collective_presets[{i}]: the collective benchmark does not measure {preset!r}"
                               + did_you_mean(preset, BENCH_PRESETS))
+
+
+def check_study(config: dict[str, Any]) -> None:
+    """Each of the study's batches lists comms the configuration trains, none twice."""
+    seen: dict[str, str] = {}
+    for b, batch in enumerate(config.get("study", {}).get("batches", [])):
+        for i, comm in enumerate(batch):
+            where = f"study.batches[{b}][{i}]"
+            if comm not in config["train"]["comms"]:
+                raise ConfigError(f"{where}: {comm!r} is not in train.comms" + did_you_mean(comm, config["train"]["comms"]))
+            if comm in seen:
+                raise ConfigError(f"{where}: {comm!r} is already in {seen[comm]}")
+            seen[comm] = where
 
 
 def check_ranks(config: dict[str, Any]) -> None:

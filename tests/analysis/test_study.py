@@ -1,0 +1,143 @@
+"""The convergence study's statistics on synthetic run folders: per-run standard errors, the
+paired difference to BF16 with its t interval, and the run names of one-direction compression."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from fp4quant.analysis import study
+from fp4quant.analysis.__main__ import main as analysis_main
+from fp4quant.train.config import ConfigError, parse_run_name, run_name
+
+PROV = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "abc123", "torch": "2.13.0+cpu"}
+
+
+def write_run(folder, comm, seed, batches, compress="both", steps=40):
+    """A run folder as the trainer writes it, with the validation losses ``batches``."""
+    folder.mkdir(parents=True)
+    uncompressed = sent = 4_000_000
+    cfg = {"model": "small", "comm": comm, "compress": compress, "compute": "exact", "seed": seed, "seq_len": 16,
+           "batch_size": 2}
+    summary = {"provenance": {**PROV, "config": cfg}, "mesh": {"tp": 2, "dp": 1, "world": 2, "backend": "gloo",
+                                                                 "device": "cpu"},
+               "steps": steps, "final_loss": float(np.mean(batches)) + 0.05, "val_loss": float(np.mean(batches)),
+               "val_batch_losses": list(batches), "tokens_per_s": 100.0, "step_time_s": 0.3,
+               "fwd_bytes_sent": sent / 2, "bwd_bytes_sent": sent / 2, "bytes_uncompressed": uncompressed}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "log.jsonl").write_text("".join(json.dumps({"step": i, "loss": 3.0 - i / steps, "lr": 1e-3,
+                                                         "tokens_per_s": 100.0, "step_time_s": 0.3}) + "\n"
+                                              for i in range(steps)))
+    return folder
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """bf16 on seeds 0-3; fp4quant on seeds 0-2 (seed 3 has no pair); fp4quant@fwd on 0-2."""
+    rng = np.random.default_rng(0)
+    base = {s: 2.0 + 0.01 * s + rng.normal(0, 0.05, size=6) for s in range(4)}
+    shift = {"fp4quant": [0.010, 0.025, 0.016], "fp4quant@fwd": [0.004, 0.001, 0.006]}
+    dirs = [write_run(tmp_path / "bf16" / f"seed{s}", "bf16", s, base[s]) for s in range(4)]
+    for name, deltas in shift.items():
+        comm, compress, _ = parse_run_name(name)
+        for s, delta in enumerate(deltas):
+            dirs.append(write_run(tmp_path / name / f"seed{s}", comm, s, base[s] + delta, compress))
+    return dirs, base, shift
+
+
+def test_each_run_has_its_validation_standard_error(runs):
+    dirs, base, _ = runs
+    conv = study.runs(dirs, "study")
+    row = conv[(conv.config == "bf16") & (conv.seed == 2)].iloc[0]
+    assert row.val_se == pytest.approx(np.std(base[2], ddof=1) / math.sqrt(6))
+    assert row.final_val_loss == pytest.approx(np.mean(base[2]))
+    assert row.tokens == 40 * 16 * 2 and row.val_batches == 6
+    assert row.wire_bits_per_value == pytest.approx(16.0)
+    assert set(conv.config) == {"bf16", "fp4quant", "fp4quant@fwd"}
+    assert conv[conv.config == "fp4quant"].wire_bits_per_value.iloc[0] == pytest.approx(4.515625)  # 4 + 8/16 + 32/2048
+    assert conv[conv.config == "fp4quant@fwd"].wire_bits_per_value.iloc[0] == pytest.approx((4.515625 + 16) / 2)
+    assert study.wire_bits_per_value("exact", "cpu") == 32 and study.wire_bits_per_value("exact", "cuda") == 16
+    assert study.wire_bits_per_value("fp8", "cpu") == pytest.approx(8 + 32 / 2048)
+
+
+def test_the_paired_difference_and_its_t_interval(runs):
+    dirs, base, shift = runs
+    table = study.summary(study.runs(dirs, "study"), ["bf16", "fp4quant", "fp4quant@fwd"]).set_index("config")
+    assert list(table.index) == ["bf16", "fp4quant", "fp4quant@fwd"]
+    for name, deltas in shift.items():
+        r = table.loc[name]
+        d = np.array(deltas)  # the seeds both have: 0-2 (bf16's seed 3 is unpaired)
+        assert r.n == 3 and r.n_pairs == 3
+        assert r.diff_mean == pytest.approx(d.mean()) and r.diff_sd == pytest.approx(d.std(ddof=1))
+        half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+        assert (r.ci_low, r.ci_high) == pytest.approx((d.mean() - half, d.mean() + half))
+        ci = stats.ttest_1samp(d, 0.0).confidence_interval(0.95)  # scipy's own interval agrees
+        assert (r.ci_low, r.ci_high) == pytest.approx((ci.low, ci.high))
+        # the same tokens: each batch shifted by the same amount, so the validation set adds no noise
+        assert r.diff_batch_se == pytest.approx(0.0, abs=1e-12)
+        assert r.val_se_le_quarter_gap == (r.val_se <= abs(d.mean()) / 4)
+    assert table.loc["bf16"].n == 4 and not math.isnan(table.loc["bf16"].val_loss_sd)
+    # six batches of SD 0.05: SE ~0.02, more than a quarter of fp4quant@fwd's gap of 0.004
+    assert not table.loc["fp4quant@fwd"].val_se_le_quarter_gap
+
+
+def test_a_hand_computed_interval():
+    r = study.paired_difference(pd.Series([2.1, 2.2, 2.3]), pd.Series([2.0, 2.0, 2.0]))
+    assert r["n_pairs"] == 3 and r["diff_mean"] == pytest.approx(0.2) and r["diff_sd"] == pytest.approx(0.1)
+    assert r["ci_high"] - 0.2 == pytest.approx(4.302652729911275 * 0.1 / math.sqrt(3))  # t(0.975, 2 df)
+    one = study.paired_difference(pd.Series([2.1]), pd.Series([2.0]))
+    assert one["diff_mean"] == pytest.approx(0.1) and math.isnan(one["ci_low"]) and math.isnan(one["diff_sd"])
+
+
+def test_the_projection_is_the_step_models():
+    assert study.projected_speedup("bf16") == pytest.approx(1.0)
+    assert study.projected_speedup("exact") == pytest.approx(1.0)  # the tensors' own dtype there: BF16
+    full, fwd = study.projected_speedup("fp4quant"), study.projected_speedup("fp4quant@fwd")
+    assert full > fwd > 1.0
+
+
+def test_the_cli_writes_results_with_provenance(runs, tmp_path, capsys):
+    dirs, _, _ = runs
+    out, tables = tmp_path / "results", tmp_path / "results" / "convergence_runs"
+    assert analysis_main(["study", "--profile", "study", "--runs", *map(str, dirs), "--order", "bf16", "fp4quant",
+                          "--out-dir", str(out), "--tables-dir", str(tables)]) == 0
+    conv = pd.read_csv(out / "convergence.csv")
+    assert {"config", "seed", "steps", "tokens", "final_val_loss", "hardware", "commit", "torch"} <= set(conv)
+    summary = pd.read_csv(out / "convergence_summary.csv")
+    assert list(summary.config) == ["bf16", "fp4quant", "fp4quant@fwd"] and set(summary.commit) == {"abc123"}
+    md = (out / "convergence_summary.md").read_text()
+    assert md.startswith("<!-- provenance: AMD EPYC, 2 cores (CPU), commit abc123") and "| fp4quant@fwd | 3 |" in md
+    assert (tables / "training.csv").exists() and (tables / "curves.csv").exists()
+    for name in ("convergence", "tradeoff"):
+        results = tables if name == "convergence" else out
+        assert analysis_main(["figure", name, "--results", str(results), "--profile", "study",
+                              "--out", str(tmp_path / f"{name}.pdf")]) == 0
+        assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_runs_without_validation_batches_are_refused(tmp_path, capsys):
+    d = write_run(tmp_path / "bf16" / "seed0", "bf16", 0, [2.0, 2.1])
+    s = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**s, "val_batch_losses": None}))
+    assert analysis_main(["study", "--profile", "study", "--runs", str(d), "--out-dir", str(tmp_path / "o"),
+                          "--tables-dir", str(tmp_path / "t")]) == 2
+    assert "no validation loss per batch" in capsys.readouterr().err
+    (d / "summary.json").write_text(json.dumps({**s, "val_batch_losses": [2.0, float("nan")]}))
+    with pytest.raises(study.StudyError, match="not finite"):
+        study.runs([d], "study")
+
+
+def test_run_names_round_trip_and_refuse_what_changes_nothing():
+    for name in ("fp4quant", "fp4quant@fwd", "no_fwht@bwd", "fp4quant+quartet", "fp4quant@bwd+quartet", "exact", "bf16"):
+        assert run_name(*parse_run_name(name)) == name
+    assert parse_run_name("fp4quant@fwd") == ("fp4quant", "fwd", "exact")
+    for bad, words in (("bf16@fwd", "changes nothing"), ("exact@bwd", "changes nothing"),
+                       ("fp4quant@both", "changes nothing"), ("fp4quant@up", "must name a direction"),
+                       ("fp8x", "not a TP communication preset"), ("fp4quant+fast", "must be a compute")):
+        with pytest.raises(ConfigError, match=words):
+            parse_run_name(bad)

@@ -1,0 +1,67 @@
+# The convergence study (workflow/config/study.yaml): every run of train.comms x train.seeds,
+# their results (data/<profile>/results/convergence.csv, convergence_summary.{csv,md}) and
+# figures (data/<profile>/figures/convergence.pdf, tradeoff.pdf).
+#   snakemake --cores all study --configfile workflow/config/study.yaml           # everything
+#   snakemake --cores all study_batch1 --configfile workflow/config/study.yaml    # the first batch's runs
+
+from fp4quant.analysis.figures import STUDY_FIGURES
+
+STUDY_BATCHES = config.get("study", {}).get("batches") or [TRAIN["comms"]]
+STUDY_RESULTS = f"{OUT}/results"
+STUDY_TABLES = f"{STUDY_RESULTS}/convergence_runs"  # the tables the convergence figure reads
+
+
+def study_runs(comms):
+    """The run folders of ``comms``: every compute and seed each trains with."""
+    return [run_dir(variant(c, k), s) for c in comms for k in COMPUTES for s in seeds_of(c)]
+
+
+for _i, _batch in enumerate(STUDY_BATCHES, start=1):
+
+    rule:
+        name:
+            f"study_batch{_i}"
+        input:
+            [f"{d}/summary.json" for d in study_runs(_batch)],
+
+
+rule study_results:
+    input:
+        [f"{d}/summary.json" for d in study_runs(TRAIN["comms"])],
+    output:
+        convergence=f"{STUDY_RESULTS}/convergence.csv",
+        summary=f"{STUDY_RESULTS}/convergence_summary.csv",
+        markdown=f"{STUDY_RESULTS}/convergence_summary.md",
+        training=f"{STUDY_TABLES}/training.csv",
+        curves=f"{STUDY_TABLES}/curves.csv",
+    log:
+        f"{OUT}/logs/study_results.log",
+    params:
+        runs=study_runs(TRAIN["comms"]),
+        order=[variant(c, k) for c in TRAIN["comms"] for k in COMPUTES],
+    shell:
+        "{PY} -m fp4quant.analysis study --profile {PROFILE} --runs {params.runs} --order {params.order}"
+        " --out-dir {STUDY_RESULTS} --tables-dir {STUDY_TABLES} 2> {log}"
+
+
+rule study_figure:
+    input:
+        csvs=[rules.study_results.output.convergence, rules.study_results.output.summary,
+              rules.study_results.output.training, rules.study_results.output.curves],
+    output:
+        f"{OUT}/figures/{{name}}.pdf",
+    wildcard_constraints:
+        name="|".join(STUDY_FIGURES),
+    log:
+        f"{OUT}/logs/study_figure_{{name}}.log",
+    params:
+        results=lambda wc: STUDY_TABLES if wc.name == "convergence" else STUDY_RESULTS,
+    shell:
+        "{PY} -m fp4quant.analysis figure {wildcards.name} --results {params.results} --profile {PROFILE}"
+        " --out {output} --inputs {input.csvs} 2> {log}"
+
+
+rule study:
+    input:
+        rules.study_results.output,
+        expand(f"{OUT}/figures/{{name}}.pdf", name=STUDY_FIGURES),
