@@ -97,7 +97,7 @@ def _quantize_gather(src: torch.Tensor, call: Call):
     world, rec = call.world, call.rec
 
     def quantize(ch: plan.Chunk):
-        with rec.codec():
+        with rec.codec("quantize"):
             rows = src[ch.start : ch.start + ch.numel].view(1, -1)
             msg = ops.quantize_rows(rows, call.config, call.streams.seed, call.streams.offset(ch.start))
         gathered = msg.new_empty(world * msg.numel()) if world > 1 else msg
@@ -119,7 +119,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
             buf = flat.new_zeros(world * S)
             buf[: ch.numel].copy_(src)
             src = buf
-        with rec.codec():
+        with rec.codec("quantize"):
             msgs = ops.quantize_rows(src.view(world, S), config, seed, call.streams.offset(ch.start))
         recv = torch.empty_like(msgs) if world > 1 else msgs
         rec.bytes_sent += (world - 1) * msgs.shape[1]
@@ -127,7 +127,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
 
     def reduce(state):
         ch, S, recv = state
-        with rec.codec():
+        with rec.codec("dequantize"):
             shard = ops.dequantize_reduce(recv, S, config, dtype, requantize=True, seed=seed,
                                           offset=call.streams.offset(ch.start, requant=True))
         gathered = shard.new_empty(world * shard.numel()) if world > 1 else shard
@@ -136,7 +136,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
 
     def finish(state):
         ch, S, gathered = state
-        with rec.codec():
+        with rec.codec("dequantize"):
             # the shards hold sums: one that overflows the dtype is +-inf, as in dequantize_reduce
             vals = ops.dequantize_rows(gathered.view(world, -1), S, config, dtype, saturate=world == 1)
         flat[ch.start : ch.start + ch.numel].copy_(vals.view(-1)[: ch.numel])
@@ -151,7 +151,7 @@ def one_shot(flat: torch.Tensor, call: Call) -> None:
 
     def finish(state):
         ch, gathered = state
-        with call.rec.codec():
+        with call.rec.codec("dequantize"):
             vals = ops.dequantize_reduce(gathered.view(world, -1), ch.numel, call.config, dtype, requantize=False)
         flat[ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
@@ -165,7 +165,7 @@ def gather(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
 
     def finish(state):
         ch, gathered = state
-        with call.rec.codec():
+        with call.rec.codec("dequantize"):
             vals = ops.dequantize_rows(gathered.view(world, -1), ch.numel, call.config, dtype)
         out[:, ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
@@ -180,7 +180,7 @@ def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
 
     def quantize(ch: plan.Chunk):
         rows = src[:, ch.start : ch.start + ch.numel]
-        with rec.codec():
+        with rec.codec("quantize"):
             msgs = ops.quantize_rows(rows.contiguous(), config, call.streams.seed,
                                      call.streams.offset(world * ch.start))
         recv = torch.empty_like(msgs) if world > 1 else msgs
@@ -189,7 +189,7 @@ def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
 
     def finish(state):
         ch, recv = state
-        with rec.codec():
+        with rec.codec("dequantize"):
             vals = ops.dequantize_reduce(recv, ch.numel, config, dtype, requantize=False)
         out[ch.start : ch.start + ch.numel].copy_(vals)
         return None, None

@@ -13,7 +13,11 @@ bytes_uncompressed  what the uncompressed collective of the same tensor (same dt
                     have sent by the same rule: 2 (W-1)/W N b for an all-reduce, (W-1) N b
                     for an all-gather of N values per rank, (W-1)/W N b for a reduce-scatter
                     of an N-value input (b: bytes per value of the tensor's dtype)
-quantize_s          seconds in the codec ops (quantize, dequantize-reduce, dequantize)
+codec_s             seconds in the codec ops (quantize, dequantize-reduce, dequantize):
+                    quantize_s + dequantize_s
+quantize_s          seconds in the quantize ops (quantize_rows: the first encoding)
+dequantize_s        seconds in the decoding ops (dequantize_reduce, which re-quantizes the
+                    reduced shard in the two-shot, and dequantize_rows)
 comm_s              seconds in the collectives: issuing them, and waiting for them; with
                     chunked pipelining, only the part not hidden behind the codec
 total_s             seconds of the whole call (includes padding and copies)
@@ -39,7 +43,8 @@ from typing import Any, Iterator
 
 import torch
 
-FIELDS = ("calls", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "total_s")
+FIELDS = ("calls", "bytes_sent", "bytes_uncompressed", "codec_s", "quantize_s", "dequantize_s", "comm_s", "total_s")
+CODEC_OPS = ("quantize", "dequantize")  # the two codec timers: Recorder.codec(op)
 
 
 def _new() -> dict[str, float]:
@@ -50,8 +55,8 @@ _STATS: defaultdict[str, dict[str, float]] = defaultdict(_new)
 
 
 def stats() -> dict[str, dict[str, Any]]:
-    """A copy of the counters: ``{stats_key: {calls, bytes_sent, bytes_uncompressed,
-    quantize_s, comm_s, total_s}}`` (see the module doc for what each counts)."""
+    """A copy of the counters: ``{stats_key: {calls, bytes_sent, bytes_uncompressed, codec_s,
+    quantize_s, dequantize_s, comm_s, total_s}}`` (see the module doc for what each counts)."""
     return copy.deepcopy(dict(_STATS))
 
 
@@ -63,7 +68,7 @@ def reset_stats() -> None:
 class Recorder:
     """Accumulates one call's counters; ``commit()`` adds them to the totals of ``key``."""
 
-    __slots__ = ("key", "cuda", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "start")
+    __slots__ = ("key", "cuda", "bytes_sent", "bytes_uncompressed", "quantize_s", "dequantize_s", "comm_s", "start")
 
     def __init__(self, key: str, device: torch.device, sync_timing: bool = False) -> None:
         self.key = key
@@ -71,6 +76,7 @@ class Recorder:
         self.bytes_sent = 0
         self.bytes_uncompressed = 0
         self.quantize_s = 0.0
+        self.dequantize_s = 0.0
         self.comm_s = 0.0
         self.start = time.perf_counter()
 
@@ -80,10 +86,18 @@ class Recorder:
         return time.perf_counter()
 
     @contextmanager
-    def codec(self) -> Iterator[None]:
+    def codec(self, op: str) -> Iterator[None]:
+        """Time a codec op: ``op`` "quantize" (the first encoding) or "dequantize" (decoding,
+        dequantize-reduce with its re-quantization included)."""
+        if op not in CODEC_OPS:
+            raise ValueError(f"codec op must be one of {CODEC_OPS}, got {op!r}")
         t = self._now()
         yield
-        self.quantize_s += self._now() - t
+        dt = self._now() - t
+        if op == "quantize":
+            self.quantize_s += dt
+        else:
+            self.dequantize_s += dt
 
     @contextmanager
     def comm(self) -> Iterator[None]:
@@ -96,6 +110,8 @@ class Recorder:
         s["calls"] += 1
         s["bytes_sent"] += int(self.bytes_sent)
         s["bytes_uncompressed"] += int(self.bytes_uncompressed)
+        s["codec_s"] += self.quantize_s + self.dequantize_s
         s["quantize_s"] += self.quantize_s
+        s["dequantize_s"] += self.dequantize_s
         s["comm_s"] += self.comm_s
         s["total_s"] += time.perf_counter() - self.start
