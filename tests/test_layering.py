@@ -30,8 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     # a comm benchmark measures the collectives alone: no trainer, models or data behind it;
     # parallel: bench.traffic reads the captured TP traffic (parallel.capture's files)
     "bench": {"comm", "ops", "reference", "format", "parallel", ROOT} | BASE,
-    # comm, ops: perfmodel.probe times the codec and the link on the ranks a validation run uses
-    "perfmodel": {"cluster", "models", "format", "comm", "ops"} | BASE,
+    # comm, ops, parallel: perfmodel.probe times the codec, the link and a rank's shard on the ranks a validation run uses
+    "perfmodel": {"cluster", "models", "format", "comm", "ops", "parallel"} | BASE,
     "analysis": BASE,
     "info": {"ops", ROOT} | BASE,
     "__init__": {"ops", "format", "reference"},

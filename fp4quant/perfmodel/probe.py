@@ -10,7 +10,10 @@ link.  A training step of W ranks on the emulated nodes differs in each:
 
 compute  every rank computes its shard at once, sharing the cores and memory: each rank
          here times its own shard's training step (world 1, as the calibration does) while
-         the other ranks do the same
+         the other ranks do the same, twice: back to back ("rank_flops_continuous", as the
+         calibration) and paced, each step after an idle gap as long as itself, as a run's
+         compute comes between waits on the link ("rank_flops": what the model uses; on a
+         shared machine the scheduler favours a task that slept over the busy ones)
 codec    the two-shot all-reduce quantizes (W, N/W) rows, dequantize-reduces W messages of
          N/W values into one shard (re-quantizing it) and dequantizes W shards; backward
          traffic uses stochastic rounding ("<preset>:sr"), which costs more.  Timed twice:
@@ -29,6 +32,7 @@ Rank 0 writes ``--out`` (JSON): medians, every rank's compute FLOP/s, raw link t
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -40,7 +44,9 @@ import torch.distributed as dist
 from .. import comm, ops
 from ..cluster.calibrate import measure_training_flops
 from ..format.config import QuantConfig
+from ..models import Qwen2ForCausalLM
 from ..models.config import ModelConfig
+from ..parallel import TPCommunicator
 from ..provenance import atomic_write_json, provenance
 from ..comm import RandomStreams
 from ..threads import pin_threads
@@ -56,6 +62,27 @@ def _median_s(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def paced_training_flops(model: str, seq_len: int, batch_size: int, tp: int, steps: int) -> float:
+    """FLOP/s of one TP rank's training step (its shard alone, as
+    fp4quant.cluster.calibrate.measure_training_flops) when each step follows an idle gap as
+    long as the previous step: the median over ``steps``."""
+    cfg = ModelConfig.preset(model)
+    net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
+    net.tp.world = 1  # at world 1 the mappings send nothing: exactly a rank's compute
+    ids = torch.randint(0, cfg.vocab_size // tp, (batch_size, seq_len))
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    times: list[float] = []
+    for _ in range(steps + 1):
+        time.sleep(times[-1] if times else 0.0)
+        t0 = time.perf_counter()
+        net.loss(ids, ids).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return cfg.flops_per_token(seq_len) * batch_size * seq_len / tp / statistics.median(times[1:])
 
 
 def codec_seconds(values: int, world: int, config: QuantConfig, repeats: int = 30) -> dict[str, float]:
@@ -150,7 +177,7 @@ def main(argv=None) -> int:
     ap.add_argument("--link-iters", type=int, default=5)
     ap.add_argument("--link-budget-mib", type=int, default=16, help="bytes timed per size (at least 3 iterations)")
     ap.add_argument("--evict-mib", type=int, default=32, help="memory touched before each in-collective codec call")
-    ap.add_argument("--steps", type=int, default=6, help="timed training steps of the compute probe")
+    ap.add_argument("--steps", type=int, default=8, help="timed training steps of each compute probe")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.link_iters < 1 or a.steps < 1 or any(s < 2 for s in a.link_sizes):
@@ -162,12 +189,15 @@ def main(argv=None) -> int:
     values = cfg.hidden_size * a.seq_len * a.batch_size
     threads = torch.get_num_threads()
     dist.barrier()  # every rank computes at once, as in the run
-    flops = measure_training_flops(a.model, a.seq_len, a.batch_size, world, threads=threads, steps=a.steps)
+    continuous = measure_training_flops(a.model, a.seq_len, a.batch_size, world, threads=threads, steps=a.steps)
+    dist.barrier()
+    flops = paced_training_flops(a.model, a.seq_len, a.batch_size, world, a.steps)
     dist.barrier()
     hot = codec_rates(values, world, a.presets)
     codec = in_collective_rates(values, a.presets, hot, evict_mib=a.evict_mib)
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, {"rank_flops": flops, "codec": codec, "hot": hot})
+    dist.all_gather_object(gathered, {"rank_flops": flops, "continuous": continuous, "codec": codec, "hot": hot,
+                                      "load": os.getloadavg()[0]})
     exact = exact_allreduce_s()
     link = link_timings(a.link_sizes, a.link_iters, a.link_budget_mib << 20)
     if rank == 0:
@@ -176,6 +206,7 @@ def main(argv=None) -> int:
         hot_min = {k: {op: min(g["hot"][k][op] for g in gathered) for op in ops_} for k, ops_ in hot.items()}
         atomic_write_json(a.out, {
             "rank_flops": min(g["rank_flops"] for g in gathered), "rank_flops_per_rank": [g["rank_flops"] for g in gathered],
+            "rank_flops_continuous": min(g["continuous"] for g in gathered), "load_average_1min": gathered[0]["load"],
             "codec_values_per_s": codec_min, "codec_hot_values_per_s": hot_min, "message_values": values, "world": world, "threads_per_rank": threads,
             "exact_allreduce_s": exact, "link": link,
             **provenance(model=a.model, seq_len=a.seq_len, batch_size=a.batch_size, argv=sys.argv[1:] if argv is None else argv),

@@ -148,6 +148,7 @@ def case_rows(probe_path: Path, runs: list[Path], skip: float) -> tuple[list[dic
                 "measured_s": mean, "measured_sd_s": statistics.stdev(values) if len(values) > 1 else 0.0,
                 "predicted_s": pred, "rel_error": pred / mean - 1 if mean > 0 else ("" if pred == 0 else float("inf")),
                 "steps": len(values), "run": str(run), "probe": str(probe_path),
+                "probe_load_1min": probe.get("load_average_1min", ""),
             })
     return rows, fits
 
