@@ -18,6 +18,8 @@ codec          quantize the message (N values), dequantize-reduce the W received
 scalar         the trainer's uncompressed scalar all-reduces (vocab-parallel cross-entropy's
                three, the gradient norm, the non-finite check): Workload.scalar_allreduces
                per step, each allreduce_time(8 bytes) or the machine's measured time
+skew           ranks in lockstep wait for the slowest at every collective: Machine.skew_s per
+               step (0 on dedicated hardware; measured on the emulated cluster's shared cores)
 overlap        off (default): TP communication is blocking, as in Megatron-style TP and in
                this project's trainer.  On: the wire time hides behind the step's compute as
                far as that lasts (exposed = max(0, communication - compute)); the codec stays
@@ -58,6 +60,7 @@ class Machine:
     wire_bytes_uncompressed: float = 2.0  # BF16 on the wire
     burst_bytes: float = 0.0  # token-bucket depth of a shaped link (0: a real link)
     scalar_allreduce_s: float | None = None  # measured seconds of one scalar all-reduce (None: alpha-beta)
+    skew_s: float = 0.0  # per step, a rank's wait for a slower peer (load imbalance; measured by perfmodel.probe)
 
 
 @dataclass(frozen=True)
@@ -87,12 +90,13 @@ class Step:
     wire_bytes: float  # per rank per step
     exposed_comm_s: float  # the part of comm_s on the critical path (comm_s unless overlapped)
     scalar_s: float = 0.0  # the trainer's scalar all-reduces (latency-bound, never compressed)
+    skew_s: float = 0.0  # waiting for a slower peer inside the collectives
     quantize_s: float = 0.0  # codec_s split: the quantize ops ...
     dequantize_s: float = 0.0  # ... and the decoding ones (dequantize-reduce, dequantize)
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.scalar_s + self.exposed_comm_s + self.codec_s
+        return self.compute_s + self.scalar_s + self.skew_s + self.exposed_comm_s + self.codec_s
 
 
 FORWARD_SHARE = 1 / 3  # of a training step's FLOPs: forward 2, backward 4 per parameter and token
@@ -147,8 +151,9 @@ def step(w: Workload, m: Machine, preset: str, compress: str = "both", overlap: 
         one = m.scalar_allreduce_s if m.scalar_allreduce_s is not None else allreduce_time(8, w.tp, bw, lat)
         scalar = w.scalar_allreduces * one
     codec = quant + dequant
-    total = compute + scalar + exposed + codec
-    return Step(compute, comm, codec, w.dp * w.tokens / total, wire, exposed, scalar, quant, dequant)
+    skew = m.skew_s if w.tp > 1 else 0.0
+    total = compute + scalar + skew + exposed + codec
+    return Step(compute, comm, codec, w.dp * w.tokens / total, wire, exposed, scalar, skew, quant, dequant)
 
 
 def codec_rates(m: Machine, preset: str, stochastic: bool) -> dict[str, float]:

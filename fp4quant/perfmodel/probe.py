@@ -13,7 +13,9 @@ compute  every rank computes its shard at once, sharing the cores and memory: ea
          the other ranks do the same, twice: back to back ("rank_flops_continuous", as the
          calibration) and paced, each step after an idle gap as long as itself, as a run's
          compute comes between waits on the link ("rank_flops": what the model uses; on a
-         shared machine the scheduler favours a task that slept over the busy ones)
+         shared machine the scheduler favours a task that slept over the busy ones); the
+         model's FLOP/s is the ranks' mean step's, and "skew_s" (the mean over steps of the
+         slowest rank's step less the ranks' mean) the wait of a rank for a slower peer
 codec    the two-shot all-reduce quantizes (W, N/W) rows, dequantize-reduces W messages of
          N/W values into one shard (re-quantizing it) and dequantizes W shards; backward
          traffic uses stochastic rounding ("<preset>:sr"), which costs more.  Timed twice:
@@ -64,10 +66,10 @@ def _median_s(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def paced_training_flops(model: str, seq_len: int, batch_size: int, tp: int, steps: int) -> float:
-    """FLOP/s of one TP rank's training step (its shard alone, as
-    fp4quant.cluster.calibrate.measure_training_flops) when each step follows an idle gap as
-    long as the previous step: the median over ``steps``."""
+def paced_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps: int) -> list[float]:
+    """Seconds of each of ``steps`` training steps of one TP rank (its shard alone, as
+    fp4quant.cluster.calibrate.measure_training_flops), each after an idle gap as long as
+    the previous step (a warm-up step first, not returned)."""
     cfg = ModelConfig.preset(model)
     net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
     net.tp.world = 1  # at world 1 the mappings send nothing: exactly a rank's compute
@@ -82,7 +84,15 @@ def paced_training_flops(model: str, seq_len: int, batch_size: int, tp: int, ste
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
-    return cfg.flops_per_token(seq_len) * batch_size * seq_len / tp / statistics.median(times[1:])
+    return times[1:]
+
+
+def skew_seconds(per_rank: list[list[float]]) -> float:
+    """Mean over steps of (the slowest rank's step - the ranks' mean step): how long, per
+    step, a rank waits for a slower peer inside the collectives (in lockstep ranks, the step
+    lasts as long as its slowest rank)."""
+    steps = list(zip(*per_rank))
+    return statistics.fmean(max(s) - statistics.fmean(s) for s in steps)
 
 
 def codec_seconds(values: int, world: int, config: QuantConfig, repeats: int = 30) -> dict[str, float]:
@@ -191,12 +201,13 @@ def main(argv=None) -> int:
     dist.barrier()  # every rank computes at once, as in the run
     continuous = measure_training_flops(a.model, a.seq_len, a.batch_size, world, threads=threads, steps=a.steps)
     dist.barrier()
-    flops = paced_training_flops(a.model, a.seq_len, a.batch_size, world, a.steps)
+    paced = paced_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps)
     dist.barrier()
+    flops = cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world / statistics.fmean(paced)
     hot = codec_rates(values, world, a.presets)
     codec = in_collective_rates(values, a.presets, hot, evict_mib=a.evict_mib)
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, {"rank_flops": flops, "continuous": continuous, "codec": codec, "hot": hot,
+    dist.all_gather_object(gathered, {"rank_flops": flops, "paced_s": paced, "continuous": continuous, "codec": codec, "hot": hot,
                                       "load": os.getloadavg()[0]})
     exact = exact_allreduce_s()
     link = link_timings(a.link_sizes, a.link_iters, a.link_budget_mib << 20)
@@ -205,13 +216,18 @@ def main(argv=None) -> int:
         codec_min = {k: {op: min(g["codec"][k][op] for g in gathered) for op in ops_} for k, ops_ in codec.items()}
         hot_min = {k: {op: min(g["hot"][k][op] for g in gathered) for op in ops_} for k, ops_ in hot.items()}
         atomic_write_json(a.out, {
-            "rank_flops": min(g["rank_flops"] for g in gathered), "rank_flops_per_rank": [g["rank_flops"] for g in gathered],
+            # the model's rank: the ranks' mean step; their imbalance is the skew
+            "rank_flops": cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world
+            / statistics.fmean(t for g in gathered for t in g["paced_s"]),
+            "rank_flops_per_rank": [g["rank_flops"] for g in gathered],
+            "skew_s": skew_seconds([g["paced_s"] for g in gathered]),
+            "paced_step_s": [g["paced_s"] for g in gathered],
             "rank_flops_continuous": min(g["continuous"] for g in gathered), "load_average_1min": gathered[0]["load"],
             "codec_values_per_s": codec_min, "codec_hot_values_per_s": hot_min, "message_values": values, "world": world, "threads_per_rank": threads,
             "exact_allreduce_s": exact, "link": link,
             **provenance(model=a.model, seq_len=a.seq_len, batch_size=a.batch_size, argv=sys.argv[1:] if argv is None else argv),
         })
-        print(f"probe: {min(g['rank_flops'] for g in gathered) / 1e9:.1f} GFLOP/s per rank, scalar all-reduce "
+        print(f"probe: {min(g['rank_flops'] for g in gathered) / 1e9:.1f} GFLOP/s on the slowest rank, scalar all-reduce "
               f"{exact * 1e3:.2f} ms -> {a.out}", file=sys.stderr)
     dist.barrier()
     dist.destroy_process_group()

@@ -17,7 +17,8 @@ measured   total = step_time_s; codec = the codec timers (quantize_s + dequantiz
 and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone: FLOP/s
 of a rank while all compute, the codec at the all-reduce's shapes and rounding, the link
 fitted to its all-reduces (model.fit_link) with the token bucket's depth from the record,
-the scalar all-reduce's time.  Nothing is fitted to the training runs.  Rows: config,
+the scalar all-reduce's time, the ranks' skew (a rank's wait for a slower one, which the
+trainer's timers count as communication).  Nothing is fitted to the training runs.  Rows: config,
 comm, component (compute, quantize, dequantize, codec, communication, total),
 measured_s (mean over the steady steps) and its SD, predicted_s, rel_error
 (predicted / measured - 1).
@@ -99,7 +100,8 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
     codec = {k: {op: v / codec_stretch for op, v in ops.items()} for k, ops in probe["codec_values_per_s"].items()}
     m = Machine(name="emulated cluster (probed)", rank_flops=probe["rank_flops"], inter_bw=bw, inter_latency=alpha,
                 intra_bw=bw, intra_latency=alpha, ranks_per_node=1, codec_values_per_s=codec,
-                burst_bytes=burst_bytes, scalar_allreduce_s=probe.get("exact_allreduce_s"))
+                burst_bytes=burst_bytes, scalar_allreduce_s=probe.get("exact_allreduce_s"),
+                skew_s=probe.get("skew_s", 0.0))
     return m, {"fitted_latency_s": alpha, "fitted_bandwidth_Bps": bw, "burst_bytes": burst_bytes,
                "codec_stretch": codec_stretch}
 
@@ -107,7 +109,7 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
 def predicted_components(w: Workload, m: Machine, comm: str) -> dict[str, float]:
     s = step(w, m, comm)
     return {"compute": s.compute_s + s.scalar_s, "quantize": s.quantize_s, "dequantize": s.dequantize_s,
-            "codec": s.codec_s, "communication": s.exposed_comm_s, "total": s.total_s}
+            "codec": s.codec_s, "communication": s.exposed_comm_s + s.skew_s, "total": s.total_s}
 
 
 def _record(run: Path) -> dict:

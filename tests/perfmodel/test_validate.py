@@ -14,7 +14,7 @@ from fp4quant.perfmodel.model import Workload, step
 
 MODEL = ModelConfig.preset("tiny")
 PROBE = {
-    "rank_flops": 2e10, "world": 2, "exact_allreduce_s": 4e-4, "message_values": 65536,
+    "rank_flops": 2e10, "world": 2, "exact_allreduce_s": 4e-4, "message_values": 65536, "skew_s": 0.003,
     "codec_values_per_s": {"fp4quant": {"quantize": 1e9, "dequantize_reduce": 2e9, "dequantize": 1.5e9},
                            "fp4quant:sr": {"quantize": 5e8, "dequantize_reduce": 1e9, "dequantize": 1e9}},
     "link": [{"size_bytes": s, "latency_s": 1e-3 + s / 5e6} for s in (4096, 65536, 1 << 20, 2 << 20, 4 << 20)],
@@ -63,7 +63,9 @@ def test_measured_components_are_the_trainers_timers_over_steady_steps(tmp_path)
     assert got["codec"]["predicted_s"] == pytest.approx(s.codec_s)
     assert got["quantize"]["predicted_s"] + got["dequantize"]["predicted_s"] == pytest.approx(s.codec_s)
     assert got["compute"]["predicted_s"] == pytest.approx(s.compute_s + 5 * 4e-4)  # 5 scalar all-reduces, probed
+    assert got["communication"]["predicted_s"] == pytest.approx(s.exposed_comm_s + 0.003)  # the wait for a slower rank
     assert got["total"]["predicted_s"] == pytest.approx(s.total_s)
+    assert s.total_s == pytest.approx(s.compute_s + s.scalar_s + s.skew_s + s.exposed_comm_s + s.codec_s)
     for r in rows:
         assert r["rel_error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
         assert r["config"] == "fp4quant @ 60 Mbit/s"
@@ -79,7 +81,7 @@ def test_the_codec_in_the_model_splits_stochastic_backward_and_shards_the_reduce
     per = lambda r: values / 2 / r["dequantize_reduce"] + values / r["dequantize"]  # noqa: E731
     assert s.dequantize_s == pytest.approx(n * (per(rne) + per(sr)))
     bf16 = step(Workload(MODEL, 2, 128, 2), machine, "bf16")
-    assert bf16.codec_s == 0 and bf16.scalar_s == pytest.approx(5 * 4e-4)
+    assert bf16.codec_s == 0 and bf16.scalar_s == pytest.approx(5 * 4e-4) and bf16.skew_s == 0.003
 
 
 def test_old_logs_give_the_codec_without_its_split_and_stretch_is_read(tmp_path):
@@ -113,3 +115,11 @@ def test_main_writes_the_csv_and_refuses_bad_input_in_one_line(tmp_path, capsys)
     assert validate.main(["--case", str(tmp_path / "probe.json"), "--out", str(tmp_path / "x.csv")]) == 2
     with pytest.raises(ValueError, match="skip"):
         validate.steady([{}] * 10, 1.0)
+
+
+def test_skew_is_the_slowest_ranks_excess_over_the_mean_step():
+    from fp4quant.perfmodel.probe import skew_seconds
+
+    assert skew_seconds([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]) == 0.0
+    # steps: (1, 3) -> 1, (2, 2) -> 0, (4, 2) -> 1: mean 2/3
+    assert skew_seconds([[1.0, 2.0, 4.0], [3.0, 2.0, 2.0]]) == pytest.approx(2 / 3)
