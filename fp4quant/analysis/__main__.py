@@ -157,7 +157,7 @@ def main(argv=None) -> int:
                   f"into {a.to}", file=sys.stderr)
         else:
             {"collect": cmd_collect, "ablation": cmd_ablation, "figure": cmd_figure, "table": cmd_table}[a.command](a)
-    except (MixedOrigin, FileNotFoundError, FileExistsError) as exc:
+    except (MixedOrigin, FileNotFoundError, FileExistsError, ValueError) as exc:
         print(f"fp4quant.analysis: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -134,11 +134,11 @@ def _allreduce_row(d: pd.DataFrame, axes, where: str, colours: dict) -> None:
             b.fill_between(s.size_bytes, s.speedup_low, s.speedup_high, color=colours[name], alpha=0.2, lw=0)
     iters = f"{int(d.iters.min())}-{int(d.iters.max())}" if "iters" in d else "?"
     a.set(xscale="log", yscale="log", xlabel=f"message bytes per rank ({dtype})", ylabel="latency (s)",
-          title=f"{where}: all-reduce, {d.world_size.iloc[0]} ranks, {d.backend.iloc[0]}\n"
-                f"median of {iters} iterations, band min-max")
+          title=textwrap.fill(f"{where}: all-reduce, {d.world_size.iloc[0]} ranks, {d.backend.iloc[0]}; "
+                              f"median of {iters} iterations, band min-max", 75))
     b.axhline(1.0, color="k", lw=0.8, ls="--")
     b.set(xscale="log", xlabel=f"message bytes per rank ({dtype})", ylabel="speedup over uncompressed",
-          title=f"{where}: speedup (band: uncompressed median / compressed max..min)")
+          title=textwrap.fill(f"{where}: speedup (band: uncompressed median / compressed max..min)", 75))
     for ax in axes:
         ax.title.set_fontsize(7)
         ax.legend(fontsize=6)
@@ -154,7 +154,7 @@ def allreduce(df: pd.DataFrame, out, profile: str, emulated: pd.DataFrame | None
     frames = [(w, _allreduce_series(x)) for w, x in parts]
     names = _order(pd.concat([f.series for _, f in frames]))
     colours = dict(zip(names, sns.color_palette("tab10", len(names))))  # one colour per series in every panel
-    fig, axes = plt.subplots(len(frames), 2, figsize=(10, 3.6 * len(frames)), squeeze=False)
+    fig, axes = plt.subplots(len(frames), 2, figsize=(11, 3.9 * len(frames)), squeeze=False)
     for row, (where, d) in zip(axes, frames):
         _allreduce_row(d, row, where, colours)
     fig.tight_layout()
@@ -167,6 +167,8 @@ def breakdown(df: pd.DataFrame, out, profile: str) -> None:
     the SD of the step's total over those steps."""
     from .collect import BREAKDOWN_PARTS
 
+    if df.empty:  # every log predates the split codec timers
+        raise ValueError("no step breakdown: the runs' logs have no split codec timers (fwd_codec_s ...); rerun them")
     per_step = df.pivot_table(index=["series", "run", "step"], columns="part", values="seconds").reset_index()
     order = _order(per_step.series)
     fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(order), 3.6))
