@@ -1,6 +1,6 @@
 """An alpha-beta model of one tensor-parallel training step.
 
-    step = compute + sum over TP all-reduces of (communication + codec)
+    step = compute + scalar all-reduces + skew + sum over TP all-reduces of (communication + codec)
 
 compute        training FLOPs of one rank's shard (ModelConfig.flops_per_token / tp) over
                the rank's sustained FLOP/s
