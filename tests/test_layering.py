@@ -30,8 +30,11 @@ ALLOWED: dict[str, set[str]] = {
     # a comm benchmark measures the collectives alone: no trainer, models or data behind it;
     # parallel: bench.traffic reads the captured TP traffic (parallel.capture's files)
     "bench": {"comm", "ops", "reference", "format", "parallel", ROOT} | BASE,
-    "perfmodel": {"cluster", "models", "format"} | BASE,
-    "analysis": BASE,
+    # comm, ops, parallel: perfmodel.probe times the codec, the link and a rank's shard on the ranks a validation run uses
+    "perfmodel": {"cluster", "models", "format", "comm", "ops", "parallel"} | BASE,
+    # the study's summary: run names (train.config), bits per value (format), parameter counts
+    # (models) and the projected speedup (perfmodel) of each configuration it compares
+    "analysis": {"train", "perfmodel", "models", "format"} | BASE,
     "info": {"ops", ROOT} | BASE,
     "__init__": {"ops", "format", "reference"},
     "__main__": {"info"},

@@ -21,6 +21,7 @@ from .tables import TABLES
 
 # the result CSVs each figure and table reads (in the --results folder)
 READS = {"throughput": ["training"], "kernels": ["kernels"], "allreduce": ["collectives"], "projection": ["projection"],
+         "breakdown": ["breakdown"], "validation": ["model_validation"], "model_validation": ["model_validation"],
          "sensitivity": ["projection_sensitivity"],
          "convergence": ["curves", "training"], "error": ["error"], "formats": ["error"], "ablation": ["ablation"],
          "end_to_end": ["training"],
@@ -38,7 +39,8 @@ def run_inputs(runs: list[str]) -> list[Path]:
 
 
 def cmd_collect(a) -> None:
-    check_same_origin([*run_inputs(a.runs), a.error, a.kernels, a.collectives])
+    check_same_origin([*run_inputs(a.runs), a.error, a.kernels, a.collectives,
+                       *([a.cluster_collectives] if a.cluster_collectives else [])])
     out = Path(a.out_dir)
     runs = collect.training(a.runs, a.profile)
     _write(runs, out / "training.csv")
@@ -48,6 +50,10 @@ def cmd_collect(a) -> None:
     _write(error, out / "error.csv")
     _write(kernels, out / "kernels.csv")
     _write(collect.benchmark(a.collectives, a.profile), out / "collectives.csv")
+    _write(collect.breakdown(a.runs, a.profile), out / "breakdown.csv")
+    if a.cluster_collectives:  # measured on the emulated cluster: the all-reduce figure's top row
+        emulated = collect.benchmark(a.cluster_collectives, a.profile)
+        _write(emulated.assign(network=collect.network_of_record(a.cluster_record)), out / "collectives_emulated.csv")
     abl = [collect.ablation(name, error, kernels, runs) for name in a.ablations]
     _write(pd.concat(abl, ignore_index=True) if abl else pd.DataFrame(), out / "ablation.csv")
 
@@ -88,7 +94,14 @@ def cmd_figure(a) -> None:
     elif a.name == "kernels":
         figures.kernels(read("kernels"), a.out, a.profile)
     elif a.name == "allreduce":
-        figures.allreduce(read("collectives"), a.out, a.profile)
+        emulated = r / "collectives_emulated.csv"
+        emu = pd.read_csv(emulated) if emulated.exists() else None
+        network = str(emu.network.iloc[0]) if emu is not None and "network" in emu and len(emu) else ""
+        figures.allreduce(read("collectives"), a.out, a.profile, emu, network)
+    elif a.name == "breakdown":
+        figures.breakdown(read("breakdown"), a.out, a.profile)
+    elif a.name == "validation":
+        figures.validation(read("model_validation"), a.out, a.profile)
     elif a.name == "projection":
         figures.projection(read("projection"), a.out, a.profile)
     elif a.name == "sensitivity":
@@ -110,6 +123,8 @@ def cmd_table(a) -> None:
         tables.formats(pd.read_csv(r / "error.csv"), a.out, a.profile)
     elif a.name == "ablation":
         tables.ablation(pd.read_csv(r / "ablation.csv"), a.out, a.profile)
+    elif a.name == "model_validation":
+        tables.model_validation(pd.read_csv(r / "model_validation.csv"), a.out, a.profile)
     else:
         tables.end_to_end(pd.read_csv(r / "training.csv"), a.out, a.profile)
 
@@ -124,6 +139,8 @@ def main(argv=None) -> int:
     c.add_argument("--kernels", required=True)
     c.add_argument("--collectives", required=True)
     c.add_argument("--ablations", nargs="*", default=[])
+    c.add_argument("--cluster-collectives", default=None, help="collective benchmark CSV measured on the emulated cluster")
+    c.add_argument("--cluster-record", default=None, help="its cluster record (the link, for the figure)")
     c.add_argument("--out-dir", required=True)
     b = sub.add_parser("ablation", help="one ablation against the full method, as a CSV")
     b.add_argument("name")
@@ -164,7 +181,7 @@ def main(argv=None) -> int:
         else:
             {"collect": cmd_collect, "ablation": cmd_ablation, "study": cmd_study, "figure": cmd_figure,
              "table": cmd_table}[a.command](a)
-    except (MixedOrigin, FileNotFoundError, FileExistsError, study.StudyError) as exc:
+    except (MixedOrigin, FileNotFoundError, FileExistsError, ValueError, study.StudyError) as exc:
         print(f"fp4quant.analysis: error: {exc}", file=sys.stderr)
         return 2
     return 0

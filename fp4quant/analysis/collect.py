@@ -46,10 +46,14 @@ def series(cfg: dict) -> str:
 
 def network(run_dir: Path) -> str:
     """What connected the run's ranks: an emulated cluster's link, or loopback (and why)."""
-    record = run_dir / "cluster.json"
-    if not record.exists():
+    return network_of_record(run_dir / "cluster.json")
+
+
+def network_of_record(record: str | Path | None) -> str:
+    """The network a cluster record (fp4quant.cluster run --record) describes; loopback without one."""
+    if record is None or not Path(record).exists():
         return "loopback"
-    c = json.loads(record.read_text())
+    c = json.loads(Path(record).read_text())
     if not c["emulated"]:
         return f"loopback (emulated cluster unavailable: {c['reason']})"
     latency = f", {c['link_latency_ms']:.0f} ms" if c.get("latency_shaped") else ", latency not shaped"
@@ -108,3 +112,30 @@ def ablation(name: str, error: pd.DataFrame, kernels: pd.DataFrame, runs: pd.Dat
     for key in PROVENANCE_COLUMNS:  # the training runs' hardware is the ablation's
         df[key] = runs[key].iloc[0] if key in runs and len(runs) else kernels[key].iloc[0]
     return df
+
+
+BREAKDOWN_PARTS = ("compute", "quantize", "wire", "dequantize")  # stacked bottom to top
+
+
+def breakdown(run_dirs: list[str | Path], profile: str, skip: float = 0.2) -> pd.DataFrame:
+    """Every steady step of every run split by the trainer's timers (both directions summed):
+    quantize, dequantize (the codec's two timers), wire (communication: issuing and waiting
+    for the collectives) and compute (the rest of the step).  The first ``skip`` of each
+    run's steps (at least two: start-up, the first step's validation) are left out.  Logs
+    without the split codec timers (written before them) have no rows."""
+    rows = []
+    for d in map(Path, run_dirs):
+        prov = json.loads((d / "summary.json").read_text())["provenance"]
+        cfg = prov["config"]
+        log = [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines() if line.strip()]
+        if not log or "fwd_codec_s" not in log[0]:
+            continue
+        for r in log[max(2, int(len(log) * skip)):]:
+            part = {k: sum(r.get(f"{x}_{k}_s", 0.0) for x in ("fwd", "bwd")) for k in ("quantize", "dequantize", "comm")}
+            seconds = {"quantize": part["quantize"], "dequantize": part["dequantize"], "wire": part["comm"],
+                       "compute": r["step_time_s"] - part["quantize"] - part["dequantize"] - part["comm"]}
+            for name in BREAKDOWN_PARTS:
+                rows.append({"profile": profile, "run": str(d), "series": series(cfg), "comm": cfg["comm"],
+                             "seed": cfg["seed"], "model": cfg["model"], "network": network(d), "step": r["step"],
+                             "part": name, "seconds": seconds[name], **{k: prov[k] for k in PROVENANCE_COLUMNS}})
+    return pd.DataFrame(rows)

@@ -1,4 +1,4 @@
-"""The paper's five figures, from the tidy result CSVs.  Each names its hardware and profile."""
+"""The paper's figures, from the tidy result CSVs.  Each names its hardware and profile."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import seaborn as sns  # noqa: E402
 from ..provenance import atomic_write_bytes  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
 
-FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity", "traffic")
+FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity", "traffic",
+           "breakdown", "validation")
 STUDY_FIGURES = ("convergence", "tradeoff")  # the convergence study's (workflow/rules/study.smk), not the paper's set
 ORDER = ["bf16", "fp4quant", "no_fwht", "single_scale", "naive_pack", "nvfp4", "mxfp4", "int4", "fp8"]
 
@@ -106,21 +107,91 @@ def kernels(df: pd.DataFrame, out, profile: str) -> None:
     _finish(fig, df, profile, out)
 
 
-def allreduce(df: pd.DataFrame, out, profile: str) -> None:
-    """Collective latency vs message size, and the speedup over the uncompressed all-reduce."""
+def _allreduce_series(df: pd.DataFrame) -> pd.DataFrame:
+    """The unchunked preset series of a collective benchmark, each with its speedup band."""
     d = df[(df.study == "presets")].copy()
     d["series"] = d.config + " " + d.algorithm
     d.loc[d.config == "none", "series"] = "uncompressed"
     d = d[~d.series.str.contains("chunk")] if "chunk_policy" not in d else d[d.chunk_policy.astype(str) == "none"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    sns.lineplot(data=d, x="size_bytes", y="latency_s", hue="series", marker="o", ax=a)
-    a.set(xscale="log", yscale="log", xlabel="message bytes (float32)", ylabel="latency (s)",
-          title=f"all-reduce, {d.world_size.iloc[0]} ranks, {d.backend.iloc[0]}")
-    a.legend(fontsize=6)
-    sns.lineplot(data=d[d.config != "none"], x="size_bytes", y="speedup", hue="series", marker="o", ax=b)
+    if "latency_max_s" not in d:  # benchmarks before the band was recorded: no band
+        d = d.assign(latency_max_s=d.latency_s)
+    if "latency_min_s" not in d:
+        d = d.assign(latency_min_s=d.latency_s)
+    base = d[d.config == "none"].set_index("size_bytes").latency_s
+    b = base.reindex(d.size_bytes).to_numpy()
+    # the band of the speedup: the uncompressed median over the compressed slowest .. fastest
+    return d.assign(speedup_low=b / d.latency_max_s.to_numpy(), speedup_high=b / d.latency_min_s.to_numpy())
+
+
+def _allreduce_row(d: pd.DataFrame, axes, where: str, colours: dict) -> None:
+    a, b = axes
+    dtype = d.dtype.iloc[0] if "dtype" in d else "float32"
+    for name in _order(d.series):
+        s = d[d.series == name].sort_values("size_bytes")
+        a.plot(s.size_bytes, s.latency_s, "o-", ms=3, lw=1, color=colours[name], label=name)
+        a.fill_between(s.size_bytes, s.latency_min_s, s.latency_max_s, color=colours[name], alpha=0.2, lw=0)
+        if name != "uncompressed":
+            b.plot(s.size_bytes, s.speedup, "o-", ms=3, lw=1, color=colours[name], label=name)
+            b.fill_between(s.size_bytes, s.speedup_low, s.speedup_high, color=colours[name], alpha=0.2, lw=0)
+    iters = f"{int(d.iters.min())}-{int(d.iters.max())}" if "iters" in d else "?"
+    a.set(xscale="log", yscale="log", xlabel=f"message bytes per rank ({dtype})", ylabel="latency (s)",
+          title=textwrap.fill(f"{where}: all-reduce, {d.world_size.iloc[0]} ranks, {d.backend.iloc[0]}; "
+                              f"median of {iters} iterations, band min-max", 75))
     b.axhline(1.0, color="k", lw=0.8, ls="--")
-    b.set(xscale="log", xlabel="message bytes (float32)", ylabel="speedup over uncompressed", title="speedup")
-    b.legend(fontsize=6)
+    b.set(xscale="log", xlabel=f"message bytes per rank ({dtype})", ylabel="speedup over uncompressed",
+          title=textwrap.fill(f"{where}: speedup (band: uncompressed median / compressed max..min)", 75))
+    for ax in axes:
+        ax.title.set_fontsize(7)
+        ax.legend(fontsize=6)
+
+
+def allreduce(df: pd.DataFrame, out, profile: str, emulated: pd.DataFrame | None = None,
+              network: str = "") -> None:
+    """Collective latency vs message size and the speedup over the uncompressed all-reduce,
+    median with a min-max band: measured over loopback (``df``), and, where given, measured on
+    the emulated cluster's shaped links (``emulated``, ``network`` naming the link) above it."""
+    parts = ([("measured on the emulated cluster" + (f" ({network})" if network else ""), emulated)]
+             if emulated is not None and len(emulated) else []) + [("measured over loopback (no shaping)", df)]
+    frames = [(w, _allreduce_series(x)) for w, x in parts]
+    names = _order(pd.concat([f.series for _, f in frames]))
+    colours = dict(zip(names, sns.color_palette("tab10", len(names))))  # one colour per series in every panel
+    fig, axes = plt.subplots(len(frames), 2, figsize=(11, 3.9 * len(frames)), squeeze=False)
+    for row, (where, d) in zip(axes, frames):
+        _allreduce_row(d, row, where, colours)
+    fig.tight_layout()
+    _finish(fig, pd.concat([x for _, x in parts], ignore_index=True), profile, out)
+
+
+def breakdown(df: pd.DataFrame, out, profile: str) -> None:
+    """Per-step time of each TP communication split by the trainer's timers (stacked bars:
+    compute, quantize, wire, dequantize), mean over the steady steps of every seed, error bar
+    the SD of the step's total over those steps."""
+    from .collect import BREAKDOWN_PARTS
+
+    if df.empty:  # every log predates the split codec timers
+        raise ValueError("no step breakdown: the runs' logs have no split codec timers (fwd_codec_s ...); rerun them")
+    per_step = df.pivot_table(index=["series", "run", "step"], columns="part", values="seconds").reset_index()
+    order = _order(per_step.series)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(order), 3.6))
+    colours = dict(zip(BREAKDOWN_PARTS, sns.color_palette("Set2", len(BREAKDOWN_PARTS))))
+    bottom = pd.Series(0.0, index=order)
+    for part in BREAKDOWN_PARTS:
+        ms = per_step.groupby("series")[part].mean().reindex(order).fillna(0.0) * 1e3
+        ax.bar(order, ms, bottom=bottom, color=colours[part], label=part)
+        bottom += ms
+    total = per_step[list(BREAKDOWN_PARTS)].sum(axis=1) * 1e3
+    sd = total.groupby(per_step.series).std().reindex(order)
+    ax.errorbar(order, bottom, yerr=sd, fmt="none", color="k", capsize=3, lw=1)
+    for i, name in enumerate(order):
+        ax.annotate(f"{bottom[name]:.0f} ms", (i, bottom[name] + (sd[name] if sd[name] == sd[name] else 0)),
+                    ha="center", va="bottom", fontsize=7)
+    steps = per_step.groupby("series").size().reindex(order)
+    seeds = df.groupby("series").seed.nunique().reindex(order)
+    ax.set(xlabel="TP communication", ylabel="ms per training step",
+           title=f"measured: {df.model.iloc[0]} step split by the trainer's timers, {df.network.iloc[0]}\n"
+                 f"mean over {int(steps.min())}+ steady steps ({int(seeds.max())} seed(s)); bar: SD of the step")
+    ax.title.set_fontsize(7)
+    ax.legend(fontsize=7, title="part", title_fontsize=7)
     _finish(fig, df, profile, out)
 
 
@@ -317,4 +388,35 @@ def sensitivity(df: pd.DataFrame, out, profile: str) -> None:
     axes[0].legend(fontsize=6, loc="upper left")
     fig.suptitle("projected (step model, assumed H100 figures), Qwen-7B: line = others at baseline (*), "
                  "band = range over all others; dashed: paper's 1.56x", fontsize=8)
+    _finish(fig, df, profile, out)
+
+
+VALIDATION_PARTS = ("compute", "codec", "communication", "total")
+
+
+def validation(df: pd.DataFrame, out, profile: str) -> None:
+    """The step model part by part against the emulated runs (model_validation.csv): per
+    configuration, measured (mean over steady steps, bar: SD) and predicted seconds of each
+    component, the relative error above each pair."""
+    d = df[df.component.isin(VALIDATION_PARTS)]
+    configs = list(dict.fromkeys(d.config))
+    fig, axes = plt.subplots(1, len(VALIDATION_PARTS), figsize=(3.2 * len(VALIDATION_PARTS), 3.6), squeeze=False)
+    kinds = {"measured": "#4C72B0", "predicted": "#DD8452"}
+    for ax, comp in zip(axes[0], VALIDATION_PARTS):
+        c = d[d.component == comp].set_index("config").reindex(configs)
+        x = range(len(configs))
+        ax.bar([i - 0.2 for i in x], c.measured_s * 1e3, 0.4, yerr=c.measured_sd_s * 1e3, capsize=2,
+               color=kinds["measured"], label="measured (emulated)")
+        ax.bar([i + 0.2 for i in x], c.predicted_s * 1e3, 0.4, color=kinds["predicted"], label="predicted (model)")
+        for i, r in zip(x, c.itertuples()):
+            if str(r.rel_error) not in ("", "nan"):
+                top = max(r.measured_s + r.measured_sd_s, r.predicted_s) * 1e3
+                ax.annotate(f"{100 * float(r.rel_error):+.0f}%", (i, top), ha="center", va="bottom", fontsize=6)
+        ax.set_xticks(list(x), configs, rotation=35, ha="right", fontsize=6)
+        ax.set(ylabel="ms per step" if comp == "compute" else "", title=comp)
+        ax.title.set_fontsize(8)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle("step model vs runs measured on the emulated cluster (this machine's ranks, tc-shaped links); "
+                 "model inputs probed on the same links, nothing fitted to the runs", fontsize=8)
+    fig.tight_layout()
     _finish(fig, df, profile, out)

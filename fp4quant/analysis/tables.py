@@ -1,4 +1,4 @@
-"""The paper's three LaTeX tables, from the tidy result CSVs (numbers formatted once, here).
+"""The paper's LaTeX tables, from the tidy result CSVs (numbers formatted once, here).
 
 Each table is a plain tabular with a caption naming the profile and hardware; the
 values are printed with fixed formats so that tests can read them back and compare
@@ -13,7 +13,7 @@ from ..provenance import atomic_write_text
 from .figures import _order, with_series
 from .origin import origin_of_frame, stamp_tex
 
-TABLES = ("formats", "ablation", "end_to_end")
+TABLES = ("formats", "ablation", "end_to_end", "model_validation")
 
 
 def number(v: float, fmt: str) -> str:
@@ -101,3 +101,20 @@ def end_to_end(training: pd.DataFrame, out, profile: str) -> None:
                "of the same seed. " + _where(training, profile))
     _write(out, training, profile, ["TP comm (+compute)", "n", "tokens/s", "speedup", "final loss", "val loss", "MiB sent/step"],
            rows, caption, "tab:end_to_end")
+
+
+def model_validation(df: pd.DataFrame, out, profile: str) -> None:
+    """The step model part by part: measured (mean $\\pm$ SD over steady steps) and predicted
+    milliseconds per step and the relative error, per emulated configuration and component."""
+    rows = []
+    for r in df.itertuples():
+        err = "" if str(r.rel_error) in ("", "nan") else _tex(number(100 * float(r.rel_error), "+.0f") + "%")
+        rows.append([_tex(r.config), _tex(r.component),
+                     f"{number(1e3 * r.measured_s, '.2f')} $\\pm$ {number(1e3 * r.measured_sd_s, '.2f')}",
+                     number(1e3 * r.predicted_s, ".2f"), err])
+    caption = ("The step model against training runs measured on the emulated cluster, part by part: "
+               "milliseconds per step (measured: mean $\\pm$ SD over the steady steps, from the trainer's timers; "
+               "predicted: from a probe of the same links and ranks, nothing fitted to the runs). "
+               "Compute is the step less codec and communication. " + _where(df, profile))
+    _write(out, df, profile, ["configuration", "component", "measured (ms)", "predicted (ms)", "error"], rows, caption,
+           "tab:model_validation")

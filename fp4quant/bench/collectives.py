@@ -125,16 +125,20 @@ def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup
     return {
         "latency_s": statistics.median(lat),
         "latency_min_s": min(lat),
+        "latency_max_s": max(lat),
         "wire_bytes": st["bytes_sent"] // iters,
         "uncompressed_wire_bytes": st["bytes_uncompressed"] // iters,
+        "codec_s": st["codec_s"] / iters,
         "quantize_s": st["quantize_s"] / iters,
+        "dequantize_s": st["dequantize_s"] / iters,
         "comm_s": st["comm_s"] / iters,
     }
 
 
-def iterations(size: int, iters: int, budget: int) -> tuple[int, int]:
-    """(timed iterations, warmups) at ``size`` bytes."""
-    return max(1, min(iters, budget // size)), (1 if size < 64 * MIB else 0)
+def iterations(size: int, iters: int, budget: int, min_iters: int = 1) -> tuple[int, int]:
+    """(timed iterations, warmups) at ``size`` bytes: ``iters`` within the budget, never fewer
+    than ``min_iters`` (a spread needs several)."""
+    return max(min_iters, min(iters, budget // size)), (1 if size < 64 * MIB else 0)
 
 
 def summarize(rows: list[dict], chunk_policy: str) -> dict:
@@ -200,6 +204,8 @@ def main(argv=None) -> int:
                     help="input dtype: bfloat16 compares against a BF16 all-reduce, as BF16 training sends")
     ap.add_argument("--no-chunk-sweep", action="store_true", help="skip the fp4quant chunk-size sweep")
     ap.add_argument("--iters", type=int, default=30, help="timed iterations at small sizes")
+    ap.add_argument("--min-iters", type=int, default=1,
+                    help="timed iterations at every size, whatever the budget (5: a median with a min-max band)")
     ap.add_argument("--budget-mib", type=int, default=512,
                     help="input MiB timed per series and size (fewer iterations at large sizes)")
     ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS)
@@ -218,6 +224,8 @@ def main(argv=None) -> int:
         args.sizes = args.sizes or QUICK_SIZES
         args.iters, args.presets, args.chunk_sweep = 2, ["fp4quant", "nvfp4"], [256 * KIB]
     sizes = sorted(args.sizes or DEFAULT_SIZES)
+    if not 1 <= args.min_iters <= max(args.iters, 1):
+        ap.error(f"--min-iters must be in 1..--iters ({args.iters}), got {args.min_iters}")
     pin_threads()  # ranks share the cores: no inherited extra threads
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -244,7 +252,7 @@ def main(argv=None) -> int:
         numel = size // dtype.itemsize
         src = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(device=device, dtype=dtype)
         work = torch.empty_like(src)
-        iters, warmup = iterations(size, args.iters, args.budget_mib * MIB)
+        iters, warmup = iterations(size, args.iters, args.budget_mib * MIB, args.min_iters)
         base = None
         for s in series_list:
             if (size, s) not in todo_set:
@@ -257,11 +265,12 @@ def main(argv=None) -> int:
                 "chunk_policy": "auto" if s.chunk_bytes == "auto" else ("fixed" if s.chunk_bytes else "none"),
                 "chunk_bytes": effective_chunk(s, size, device) or "", "overlap": s.overlap,
                 "size_bytes": size, "numel": numel, "iters": iters,
-                "latency_s": m["latency_s"], "latency_min_s": m["latency_min_s"],
+                "latency_s": m["latency_s"], "latency_min_s": m["latency_min_s"], "latency_max_s": m["latency_max_s"],
                 "algbw_GBps": size / m["latency_s"] / 1e9,
                 "busbw_GBps": size / m["latency_s"] / 1e9 * 2 * (world - 1) / world,
                 "wire_bytes": m["wire_bytes"], "uncompressed_wire_bytes": m["uncompressed_wire_bytes"],
-                "speedup": base / m["latency_s"], "quantize_s_rank0": m["quantize_s"], "comm_s_rank0": m["comm_s"],
+                "speedup": base / m["latency_s"], "codec_s_rank0": m["codec_s"],
+                "quantize_s_rank0": m["quantize_s"], "dequantize_s_rank0": m["dequantize_s"], "comm_s_rank0": m["comm_s"],
                 **common,
             })
             bar.update()

@@ -101,7 +101,7 @@ def _quantize_gather(src: torch.Tensor, call: Call):
     world, rec = call.world, call.rec
 
     def quantize(ch: plan.Chunk):
-        with rec.codec() as op:
+        with rec.codec("quantize") as op:
             rows = src[ch.start : ch.start + ch.numel].view(1, -1)
             msg = ops.quantize_rows(rows, call.config, call.streams.seed, call.streams.offset(ch.start))
             op.bytes_moved = VB * ch.numel + msg.numel()
@@ -124,7 +124,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
             buf = flat.new_zeros(world * S)
             buf[: ch.numel].copy_(src)
             src = buf
-        with rec.codec() as op:
+        with rec.codec("quantize") as op:
             msgs = ops.quantize_rows(src.view(world, S), config, seed, call.streams.offset(ch.start))
             op.bytes_moved = VB * world * S + msgs.numel()
         recv = torch.empty_like(msgs) if world > 1 else msgs
@@ -133,7 +133,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
 
     def reduce(state):
         ch, S, recv = state
-        with rec.codec() as op:
+        with rec.codec("dequantize") as op:
             shard = ops.dequantize_reduce(recv, S, config, dtype, requantize=True, seed=seed,
                                           offset=call.streams.offset(ch.start, requant=True))
             op.bytes_moved = recv.numel() + shard.numel()
@@ -143,7 +143,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
 
     def finish(state):
         ch, S, gathered = state
-        with rec.codec() as op:
+        with rec.codec("dequantize") as op:
             # the shards hold sums: one that overflows the dtype is +-inf, as in dequantize_reduce
             vals = ops.dequantize_rows(gathered.view(world, -1), S, config, dtype, saturate=world == 1)
             op.bytes_moved = gathered.numel() + VB * world * S
@@ -159,7 +159,7 @@ def one_shot(flat: torch.Tensor, call: Call) -> None:
 
     def finish(state):
         ch, gathered = state
-        with call.rec.codec() as op:
+        with call.rec.codec("dequantize") as op:
             vals = ops.dequantize_reduce(gathered.view(world, -1), ch.numel, call.config, dtype, requantize=False)
             op.bytes_moved = gathered.numel() + VB * ch.numel
         flat[ch.start : ch.start + ch.numel].copy_(vals)
@@ -174,7 +174,7 @@ def gather(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
 
     def finish(state):
         ch, gathered = state
-        with call.rec.codec() as op:
+        with call.rec.codec("dequantize") as op:
             vals = ops.dequantize_rows(gathered.view(world, -1), ch.numel, call.config, dtype)
             op.bytes_moved = gathered.numel() + VB * world * ch.numel
         out[:, ch.start : ch.start + ch.numel].copy_(vals)
@@ -190,7 +190,7 @@ def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
 
     def quantize(ch: plan.Chunk):
         rows = src[:, ch.start : ch.start + ch.numel]
-        with rec.codec() as op:
+        with rec.codec("quantize") as op:
             msgs = ops.quantize_rows(rows.contiguous(), config, call.streams.seed,
                                      call.streams.offset(world * ch.start))
             op.bytes_moved = VB * rows.numel() + msgs.numel()
@@ -200,7 +200,7 @@ def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
 
     def finish(state):
         ch, recv = state
-        with rec.codec() as op:
+        with rec.codec("dequantize") as op:
             vals = ops.dequantize_reduce(recv, ch.numel, config, dtype, requantize=False)
             op.bytes_moved = recv.numel() + VB * ch.numel
         out[ch.start : ch.start + ch.numel].copy_(vals)

@@ -13,7 +13,11 @@ bytes_uncompressed  what the uncompressed collective of the same tensor (same dt
                     have sent by the same rule: 2 (W-1)/W N b for an all-reduce, (W-1) N b
                     for an all-gather of N values per rank, (W-1)/W N b for a reduce-scatter
                     of an N-value input (b: bytes per value of the tensor's dtype)
-quantize_s          seconds in the codec ops (quantize, dequantize-reduce, dequantize)
+codec_s             seconds in the codec ops (quantize, dequantize-reduce, dequantize):
+                    quantize_s + dequantize_s
+quantize_s          seconds in the quantize ops (quantize_rows: the first encoding)
+dequantize_s        seconds in the decoding ops (dequantize_reduce, which re-quantizes the
+                    reduced shard in the two-shot, and dequantize_rows)
 comm_s              seconds in the collectives: issuing them, and waiting for them; with
                     chunked pipelining, only the part not hidden behind the codec
 total_s             seconds of the whole call (includes padding and copies)
@@ -22,7 +26,7 @@ wire_steps          wire steps of the collectives (a ring all-reduce or the two-
                     emulated cluster's dilation (fp4quant.comm.dilation) each had its
                     latency slept first, inside comm_s
 codec_stretch_s     under the dilation: seconds slept after codec ops to last as long as
-                    the dilated target codec, inside quantize_s
+                    the dilated target codec, inside codec_s
 codec_unstretched   under the dilation: codec ops already slower than the dilated target
                     (nothing slept: this machine's codec was the slower)
 
@@ -49,9 +53,10 @@ import torch
 
 from .dilation import Dilation
 
-FIELDS = ("calls", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "total_s", "wire_steps",
-          "codec_stretch_s", "codec_unstretched")
+FIELDS = ("calls", "bytes_sent", "bytes_uncompressed", "codec_s", "quantize_s", "dequantize_s", "comm_s", "total_s",
+          "wire_steps", "codec_stretch_s", "codec_unstretched")
 COUNTS = ("calls", "bytes_sent", "bytes_uncompressed", "wire_steps", "codec_unstretched")
+CODEC_OPS = ("quantize", "dequantize")  # the two codec timers: Recorder.codec(op)
 
 
 def _new() -> dict[str, float]:
@@ -62,9 +67,9 @@ _STATS: defaultdict[str, dict[str, float]] = defaultdict(_new)
 
 
 def stats() -> dict[str, dict[str, Any]]:
-    """A copy of the counters: ``{stats_key: {calls, bytes_sent, bytes_uncompressed,
-    quantize_s, comm_s, total_s, wire_steps, codec_stretch_s, codec_unstretched}}`` (see the
-    module doc for what each counts)."""
+    """A copy of the counters: ``{stats_key: {calls, bytes_sent, bytes_uncompressed, codec_s,
+    quantize_s, dequantize_s, comm_s, total_s, wire_steps, codec_stretch_s, codec_unstretched}}``
+    (see the module doc for what each counts)."""
     return copy.deepcopy(dict(_STATS))
 
 
@@ -86,7 +91,8 @@ class Recorder:
     """Accumulates one call's counters; ``commit()`` adds them to the totals of ``key``.
     ``dilation``: the emulated cluster's latency and codec stretch (nothing slept by default)."""
 
-    __slots__ = ("key", "cuda", "dilation", "bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "start",
+    __slots__ = ("key", "cuda", "dilation", "bytes_sent", "bytes_uncompressed", "quantize_s", "dequantize_s", "comm_s",
+                 "start",
                  "wire_steps", "codec_stretch_s", "codec_unstretched")
 
     def __init__(self, key: str, device: torch.device, sync_timing: bool = False,
@@ -97,6 +103,7 @@ class Recorder:
         self.bytes_sent = 0
         self.bytes_uncompressed = 0
         self.quantize_s = 0.0
+        self.dequantize_s = 0.0
         self.comm_s = 0.0
         self.wire_steps = 0
         self.codec_stretch_s = 0.0
@@ -109,9 +116,13 @@ class Recorder:
         return time.perf_counter()
 
     @contextmanager
-    def codec(self) -> Iterator[CodecOp]:
-        """Time a codec op; under a codec dilation, sleep until it has lasted the dilated
-        target's time for the ``bytes_moved`` the caller sets on the yielded CodecOp."""
+    def codec(self, op_name: str) -> Iterator[CodecOp]:
+        """Time a codec op: ``op_name`` "quantize" (the first encoding) or "dequantize"
+        (decoding, dequantize-reduce with its re-quantization included).  Under a codec
+        dilation, sleep until it has lasted the dilated target's time for the ``bytes_moved``
+        the caller sets on the yielded CodecOp."""
+        if op_name not in CODEC_OPS:
+            raise ValueError(f"codec op must be one of {CODEC_OPS}, got {op_name!r}")
         t = self._now()
         op = CodecOp()
         yield op
@@ -123,7 +134,10 @@ class Recorder:
             elapsed = self._now() - t  # what it lasted, the sleep's overshoot included
         elif target > 0:
             self.codec_unstretched += 1
-        self.quantize_s += elapsed
+        if op_name == "quantize":
+            self.quantize_s += elapsed
+        else:
+            self.dequantize_s += elapsed
 
     def wire(self, steps: int) -> None:
         """Count ``steps`` wire steps of a collective about to be issued; under a latency
@@ -142,7 +156,9 @@ class Recorder:
         s["calls"] += 1
         s["bytes_sent"] += int(self.bytes_sent)
         s["bytes_uncompressed"] += int(self.bytes_uncompressed)
+        s["codec_s"] += self.quantize_s + self.dequantize_s
         s["quantize_s"] += self.quantize_s
+        s["dequantize_s"] += self.dequantize_s
         s["comm_s"] += self.comm_s
         s["total_s"] += time.perf_counter() - self.start
         s["wire_steps"] += self.wire_steps

@@ -1,6 +1,6 @@
 """An alpha-beta model of one tensor-parallel training step.
 
-    step = compute + sum over TP all-reduces of (communication + codec)
+    step = compute + scalar all-reduces + skew + sum over TP all-reduces of (communication + codec)
 
 compute        training FLOPs of one rank's shard (ModelConfig.flops_per_token / tp) over
                the rank's sustained FLOP/s
@@ -10,8 +10,16 @@ all-reduces    two per layer in each direction (after o_proj and down_proj forwa
 communication  ring / two-shot: each rank sends and receives 2 (W-1)/W of the message in
                2 (W-1) steps: 2 (W-1)/W x bytes / bandwidth + 2 (W-1) x latency, with the
                inter-node link's figures when the TP group spans nodes, else the node's
-codec          quantize the message, dequantize-reduce it, dequantize it (two-shot), at
-               the measured (or assumed) values per second of each
+codec          quantize the message (N values), dequantize-reduce the W received messages
+               into this rank's shard (N / W values out), dequantize the W gathered shards
+               (N values), at the measured (or assumed) values per second of each, per
+               direction: backward traffic is stochastically rounded, and where the machine
+               has rates for "<preset>:sr" those are used for it
+scalar         the trainer's uncompressed scalar all-reduces (vocab-parallel cross-entropy's
+               three, the gradient norm, the non-finite check): Workload.scalar_allreduces
+               per step, each allreduce_time(8 bytes) or the machine's measured time
+skew           ranks in lockstep wait for the slowest at every collective: Machine.skew_s per
+               step (0 on dedicated hardware; measured on the emulated cluster's shared cores)
 overlap        off (default): TP communication is blocking, as in Megatron-style TP and in
                this project's trainer.  On: the wire time hides behind the step's compute as
                far as that lasts (exposed = max(0, communication - compute)); the codec stays
@@ -19,8 +27,14 @@ overlap        off (default): TP communication is blocking, as in Megatron-style
                bound on what overlapping schemes (async TP, chunked matmul pipelining) gain.
 
 A token-bucket link (the emulated cluster's tc shaping) accrues credit while idle: during
-the compute between two all-reduces it banks min(burst, bandwidth x gap) bytes, which
-the next message then sends at line rate.  ``burst_bytes`` is 0 for real links.
+an idle gap it banks min(burst, bandwidth x gap) bytes, which the next transfer then sends at
+line rate.  An all-reduce sends in two phases (two-shot: all-to-all, then all-gather; a ring:
+reduce-scatter, then all-gather), each (W-1)/W of the message, and each phase draws on the
+credit of the gap just before it: before the first, the compute since the previous
+all-reduce of its direction (forward compute is FORWARD_SHARE of it, 2 of the 6 FLOPs per
+parameter and token, spread over that direction's all-reduces) and the quantization; before
+the second, only the dequantize-reduce (none for an uncompressed ring: it has no gap).
+``burst_bytes`` is 0 for real links.
 """
 
 from __future__ import annotations
@@ -45,6 +59,8 @@ class Machine:
     codec_values_per_s: dict[str, dict[str, float]] = field(default_factory=dict)  # preset -> op -> values/s
     wire_bytes_uncompressed: float = 2.0  # BF16 on the wire
     burst_bytes: float = 0.0  # token-bucket depth of a shaped link (0: a real link)
+    scalar_allreduce_s: float | None = None  # measured seconds of one scalar all-reduce (None: alpha-beta)
+    skew_s: float = 0.0  # per step, a rank's wait for a slower peer (load imbalance; measured by perfmodel.probe)
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,7 @@ class Workload:
     seq_len: int
     batch_size: int  # sequences per DP rank per step
     dp: int = 1
+    scalar_allreduces: int = 5  # fp4quant.train: 3 in the vocab-parallel loss, gradient norm, non-finite check
 
     @property
     def tokens(self) -> int:
@@ -72,17 +89,32 @@ class Step:
     tokens_per_s: float
     wire_bytes: float  # per rank per step
     exposed_comm_s: float  # the part of comm_s on the critical path (comm_s unless overlapped)
+    scalar_s: float = 0.0  # the trainer's scalar all-reduces (latency-bound, never compressed)
+    skew_s: float = 0.0  # waiting for a slower peer inside the collectives
+    quantize_s: float = 0.0  # codec_s split: the quantize ops ...
+    dequantize_s: float = 0.0  # ... and the decoding ones (dequantize-reduce, dequantize)
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.exposed_comm_s + self.codec_s
+        return self.compute_s + self.scalar_s + self.skew_s + self.exposed_comm_s + self.codec_s
 
 
-def allreduce_time(nbytes: float, world: int, bw: float, latency: float, credit: float = 0.0) -> float:
-    """Ring / two-shot all-reduce of ``nbytes``; ``credit`` bytes go free (a token bucket's)."""
+FORWARD_SHARE = 1 / 3  # of a training step's FLOPs: forward 2, backward 4 per parameter and token
+
+
+def allreduce_time(nbytes: float, world: int, bw: float, latency: float, credit: float = 0.0,
+                   second_credit: float | None = None) -> float:
+    """Ring / two-shot all-reduce of ``nbytes``: two phases of (W-1)/W x nbytes; ``credit``
+    bytes of the first phase go free (a token bucket's), ``second_credit`` of the second
+    (None: ``credit`` counts against the whole message)."""
     if world == 1:
         return 0.0
-    return max(2 * (world - 1) / world * nbytes - credit, 0.0) / bw + 2 * (world - 1) * latency
+    phase = (world - 1) / world * nbytes
+    if second_credit is None:
+        wire = max(2 * phase - credit, 0.0)
+    else:
+        wire = max(phase - credit, 0.0) + max(phase - second_credit, 0.0)
+    return wire / bw + 2 * (world - 1) * latency
 
 
 def bytes_per_value(config: QuantConfig | None, uncompressed: float) -> float:
@@ -96,25 +128,42 @@ def step(w: Workload, m: Machine, preset: str, compress: str = "both", overlap: 
     spans_nodes = w.tp > m.ranks_per_node
     bw, lat = (m.inter_bw, m.inter_latency) if spans_nodes else (m.intra_bw, m.intra_latency)
     values = w.tokens * w.model.hidden_size
-    gap = compute / (2 * w.messages_per_direction)  # compute between consecutive all-reduces
-    credit = min(m.burst_bytes, bw * gap)
-    comm = codec = wire = 0.0
+    n = w.messages_per_direction
+    comm = quant = dequant = wire = 0.0
     config = QuantConfig.preset(preset)
     for direction in ("fwd", "bwd"):
         compressed = config.compressed and compress in (direction, "both")
         per_value = bytes_per_value(config if compressed else None, m.wire_bytes_uncompressed)
         msg = values * per_value
-        comm += w.messages_per_direction * allreduce_time(msg, w.tp, bw, lat, credit)
-        wire += w.messages_per_direction * 2 * (w.tp - 1) / w.tp * msg
+        q = dq_reduce = dq = 0.0  # seconds per call of each codec op
         if compressed and w.tp > 1:
-            rates = m.codec_values_per_s.get(preset) or m.codec_values_per_s.get("fp4quant")
-            if rates is None:
-                raise KeyError(f"machine {m.name!r} has no codec throughput for {preset!r}")
-            codec += w.messages_per_direction * values * sum(1 / rates[op] for op in
-                                                             ("quantize", "dequantize_reduce", "dequantize"))
+            rates = codec_rates(m, preset, stochastic=direction == "bwd")  # the trainer rounds backward traffic stochastically
+            q, dq_reduce, dq = values / rates["quantize"], values / w.tp / rates["dequantize_reduce"], values / rates["dequantize"]
+        quant += n * q
+        dequant += n * (dq_reduce + dq)
+        gap = compute * (FORWARD_SHARE if direction == "fwd" else 1 - FORWARD_SHARE) / n  # compute between all-reduces
+        first, second = min(m.burst_bytes, bw * (gap + q)), min(m.burst_bytes, bw * dq_reduce)
+        comm += n * allreduce_time(msg, w.tp, bw, lat, first, second)
+        wire += n * 2 * (w.tp - 1) / w.tp * msg
     exposed = max(comm - compute, 0.0) if overlap else comm
-    total = compute + exposed + codec
-    return Step(compute, comm, codec, w.dp * w.tokens / total, wire, exposed)
+    scalar = 0.0
+    if w.tp > 1:
+        one = m.scalar_allreduce_s if m.scalar_allreduce_s is not None else allreduce_time(8, w.tp, bw, lat)
+        scalar = w.scalar_allreduces * one
+    codec = quant + dequant
+    skew = m.skew_s if w.tp > 1 else 0.0
+    total = compute + scalar + skew + exposed + codec
+    return Step(compute, comm, codec, w.dp * w.tokens / total, wire, exposed, scalar, skew, quant, dequant)
+
+
+def codec_rates(m: Machine, preset: str, stochastic: bool) -> dict[str, float]:
+    """values/s of each codec op: the preset's own (else fp4quant's), the stochastically
+    rounded "<preset>:sr" ones for backward traffic where the machine has them."""
+    table = m.codec_values_per_s
+    for key in ([f"{preset}:sr"] if stochastic else []) + [preset, "fp4quant"]:
+        if key in table:
+            return table[key]
+    raise KeyError(f"machine {m.name!r} has no codec throughput for {preset!r}")
 
 
 def fit_alpha_beta(sizes: list[float], latencies: list[float], world: int) -> tuple[float, float]:

@@ -248,7 +248,7 @@ class Trainer:
                   "step_time_s": step_time, "tokens_per_s": self.tokens_per_step / step_time}
         for direction, route in self.tp.routes.items():
             a, b = after.get(route.stats_key, {}), before.get(route.stats_key, {})
-            for key in ("bytes_sent", "bytes_uncompressed", "quantize_s", "comm_s", "calls"):
+            for key in ("bytes_sent", "bytes_uncompressed", "codec_s", "quantize_s", "dequantize_s", "comm_s", "calls"):
                 record[f"{direction}_{key}"] = a.get(key, 0) - b.get(key, 0)
         self.step += 1
         return record

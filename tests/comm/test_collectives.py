@@ -191,8 +191,10 @@ def test_stats_counters(suite):
         assert s["fwd"]["bytes_sent"] == e["fwd_sent"] and s["bwd"]["bytes_sent"] == e["bwd_sent"]
         assert s["fwd"]["bytes_uncompressed"] == e["fwd_uncompressed"]
         assert s["bwd"]["bytes_uncompressed"] == e["bwd_uncompressed"]
-        assert s["fwd"]["quantize_s"] > 0 and s["fwd"]["comm_s"] >= 0
-        assert s["fwd"]["total_s"] >= s["fwd"]["quantize_s"]
+        assert s["fwd"]["quantize_s"] > 0 and s["fwd"]["dequantize_s"] > 0 and s["fwd"]["comm_s"] >= 0
+        for key in ("fwd", "bwd"):  # the split codec timers sum to the codec's total
+            assert s[key]["codec_s"] == pytest.approx(s[key]["quantize_s"] + s[key]["dequantize_s"], rel=1e-9)
+        assert s["fwd"]["total_s"] >= s["fwd"]["codec_s"] + s["fwd"]["comm_s"]
         if W > 1:  # two-shot sends 2 (W-1)/W x 4.52 bits per value, the ring all-reduce 2 (W-1)/W x 32
             assert s["fwd"]["bytes_sent"] < s["fwd"]["bytes_uncompressed"] / 6
         assert rec["after_reset"] == {}

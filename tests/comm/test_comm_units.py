@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -154,14 +156,25 @@ def test_argument_checks():
 def test_stats_recorder():
     counters.reset_stats()
     rec = counters.Recorder("fwd", torch.device("cpu"))
-    with rec.codec():
+    with rec.codec("quantize"):
+        time.sleep(0.002)
+    with rec.codec("dequantize"):
+        time.sleep(0.001)
+    with rec.codec("dequantize"):
         pass
     with rec.comm():
         pass
+    with pytest.raises(ValueError, match="codec op"):
+        with rec.codec("reduce"):
+            pass
     rec.bytes_sent, rec.bytes_uncompressed = 10, 40
     rec.commit()
     s = counters.stats()
     assert s["fwd"]["calls"] == 1 and s["fwd"]["bytes_sent"] == 10 and s["fwd"]["bytes_uncompressed"] == 40
+    # the split timers: each op's time in its own field, the codec total their sum
+    assert s["fwd"]["quantize_s"] >= 0.002 and 0.001 <= s["fwd"]["dequantize_s"] < s["fwd"]["quantize_s"] + 0.05
+    assert s["fwd"]["codec_s"] == pytest.approx(s["fwd"]["quantize_s"] + s["fwd"]["dequantize_s"], rel=1e-12)
+    assert s["fwd"]["total_s"] >= s["fwd"]["codec_s"]
     s["fwd"]["calls"] = 99  # a copy
     assert counters.stats()["fwd"]["calls"] == 1
     counters.reset_stats()

@@ -49,7 +49,7 @@ def test_bad_fields_are_refused_in_one_line(field, value):
 def test_a_stretched_codec_op_lasts_its_target_and_counts_as_codec_time():
     """Real sleeps: a lower bound only (a sleep never ends early), never an upper one."""
     rec = counters.Recorder("t", torch.device("cpu"), dilation=Dilation(codec_bytes_per_s=1e6))
-    with rec.codec() as op:
+    with rec.codec("quantize") as op:
         op.bytes_moved = 20_000  # 20 ms at 1 MB/s
     assert rec.quantize_s >= 0.02 and 0 < rec.codec_stretch_s <= 0.02 and rec.codec_unstretched == 0
 
@@ -58,11 +58,11 @@ def test_an_op_slower_than_its_target_is_left_alone_and_counted(monkeypatch):
     slept = []
     monkeypatch.setattr(dilation_module.Dilation, "sleep", staticmethod(slept.append))
     rec = counters.Recorder("t", torch.device("cpu"), dilation=Dilation(codec_bytes_per_s=1e18))
-    with rec.codec() as op:
+    with rec.codec("quantize") as op:
         op.bytes_moved = 1000
     assert slept == [] and rec.codec_unstretched == 1 and rec.codec_stretch_s == 0.0
     plain = counters.Recorder("t", torch.device("cpu"))
-    with plain.codec() as op:
+    with plain.codec("quantize") as op:
         op.bytes_moved = 1000
     plain.wire(6)
     assert slept == [] and plain.codec_unstretched == 0 and plain.wire_steps == 6

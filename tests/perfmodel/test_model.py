@@ -11,6 +11,7 @@ from fp4quant.cluster.calibrate import TargetCluster
 from fp4quant.models import ModelConfig
 from fp4quant.perfmodel import Machine, Workload, allreduce_time, fit_alpha_beta, fit_link, step
 from fp4quant.perfmodel import machines
+from fp4quant.perfmodel.model import FORWARD_SHARE
 from fp4quant.perfmodel.__main__ import main as perfmodel_main
 
 RATES = {"fp4quant": {"quantize": 1e9, "dequantize_reduce": 1e9, "dequantize": 1e9}}
@@ -111,9 +112,14 @@ def test_token_bucket_credit_only_helps_messages_and_is_capped():
     w = Workload(ModelConfig.preset("tiny"), 2, 128, 2)
     plain = step(w, machine(inter_bw=1e7, inter_latency=0.0), "bf16")
     bucket = step(w, machine(inter_bw=1e7, inter_latency=0.0, burst_bytes=1e4), "bf16")
-    gap = plain.compute_s / (2 * w.messages_per_direction)
-    credit = min(1e4, 1e7 * gap)
-    assert bucket.comm_s == pytest.approx(plain.comm_s - 2 * w.messages_per_direction * credit / 1e7)
+    # bf16 is a ring without codec: only its first phase draws credit, the compute since the last
+    # all-reduce of its direction (a third of the step's compute forward, two thirds backward)
+    n = w.messages_per_direction
+    credit = sum(min(1e4, 1e7 * plain.compute_s * share / n) for share in (FORWARD_SHARE, 1 - FORWARD_SHARE))
+    assert bucket.comm_s == pytest.approx(plain.comm_s - n * credit / 1e7)
     huge = step(w, machine(inter_bw=1e7, inter_latency=0.0, burst_bytes=1e12), "bf16")
     assert huge.comm_s >= 0 and huge.compute_s == plain.compute_s
     assert allreduce_time(1e3, 2, 1e6, 0.0, credit=1e6) == 0.0
+    # per phase: credit beyond a phase's bytes does not carry into the next
+    assert allreduce_time(1e3, 2, 1e6, 0.0, credit=1e6, second_credit=0.0) == pytest.approx(500 / 1e6)
+    assert allreduce_time(1e3, 2, 1e6, 1e-3, credit=100.0, second_credit=200.0) == pytest.approx((400 + 300) / 1e6 + 2e-3)

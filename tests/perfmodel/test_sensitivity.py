@@ -30,7 +30,7 @@ def test_overlap_hides_the_wire_behind_compute_but_not_the_codec(bw):
     assert (off.compute_s, off.comm_s, off.codec_s) == (on.compute_s, on.comm_s, on.codec_s)
     assert off.exposed_comm_s == off.comm_s
     assert on.exposed_comm_s == pytest.approx(max(on.comm_s - on.compute_s, 0.0))
-    assert on.total_s == pytest.approx(on.compute_s + on.codec_s + max(on.comm_s - on.compute_s, 0.0))
+    assert on.total_s == pytest.approx(on.compute_s + on.scalar_s + on.codec_s + max(on.comm_s - on.compute_s, 0.0))
     assert on.tokens_per_s >= off.tokens_per_s
 
 

@@ -39,6 +39,11 @@ def test_data_parallel_replicas_stay_identical(data, tmp_path):
         by_tp.setdefault(r["mesh"][0], set()).add(r["checksum"])
     assert all(len(v) == 1 for v in by_tp.values())  # each TP shard is identical across DP replicas
     assert results[0]["summary"]["mesh"] == {"world": 4, "tp": 2, "dp": 2, "backend": "gloo", "device": "cpu"}
+    # the codec's split timers, per direction: quantize and dequantize, their sum the codec's total
+    for r in map(json.loads, (tmp_path / "dp" / "log.jsonl").read_text().splitlines()):
+        for d in ("fwd", "bwd"):
+            assert r[f"{d}_quantize_s"] > 0 and r[f"{d}_dequantize_s"] > 0
+            assert r[f"{d}_codec_s"] == pytest.approx(r[f"{d}_quantize_s"] + r[f"{d}_dequantize_s"], rel=1e-9)
 
 
 @pytest.mark.slow

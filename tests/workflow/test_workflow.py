@@ -16,7 +16,7 @@ from fp4quant.analysis.tables import number
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
-FIGURES = ["throughput", "kernels", "allreduce", "convergence", "error", "traffic"]
+FIGURES = ["throughput", "kernels", "allreduce", "convergence", "error", "traffic", "breakdown", "validation"]
 TABLES = ["formats", "ablation", "end_to_end"]
 
 
@@ -72,6 +72,9 @@ def test_whole_pipeline_at_ci_scale(tmp_path):
         pdf = tmp_path / "figures" / f"{name}.pdf"
         assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 5000
     results = tmp_path / "data" / "ci" / "results"
+    validation = pd.read_csv(results / "model_validation.csv")
+    assert {"config", "component", "measured_s", "predicted_s", "rel_error"} <= set(validation.columns)
+    assert {"compute", "codec", "communication", "total"} <= set(validation.component)
     assert (tmp_path / "data" / "ci" / "tests" / "junit.xml").read_text().count("testcase") > 5
 
     # the tables' numbers are the CSVs' numbers

@@ -19,9 +19,9 @@ rule cluster_calibration:
         " --batch-size {TRAIN[batch_size]} --tp {TRAIN[tp]} --out {output} 2> {log}"
 
 
-# 20 timed iterations (fewer above 3 MiB: --budget-mib): the performance model takes the
-# link's per-step latency from the median 4 KiB all-reduce, which 3 iterations left
-# anywhere between 0.5 and 3.6 ms on this VM.
+# 20 timed iterations (fewer above 3 MiB: --budget-mib, but at least 5 for the figure's
+# min-max band): the performance model takes the link's per-step latency from the median
+# 4 KiB all-reduce, which 3 iterations left anywhere between 0.5 and 3.6 ms on this VM.
 rule cluster_collectives:
     input:
         cal=rules.cluster_calibration.output,
@@ -36,7 +36,7 @@ rule cluster_collectives:
     shell:
         "{PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES} --record {output.record} --"
         " -m fp4quant.bench.collectives --out {output.csv} --dtype bfloat16 --sizes {params.sizes}"
-        " --presets fp4quant --algorithms two_shot one_shot --no-chunk-sweep --iters 20 --budget-mib 64 > {log} 2>&1"
+        " --presets fp4quant --algorithms two_shot one_shot --no-chunk-sweep --iters 20 --min-iters 5 --budget-mib 64 > {log} 2>&1"
 
 
 rule cluster_train:

@@ -21,9 +21,9 @@ CLUSTER = config.get("cluster", {})
 EMULATED = CLUSTER.get("enabled", False)
 NODES = CLUSTER.get("nodes", 2)
 
-FIGURE_NAMES = ["throughput", "kernels", "allreduce", "convergence", "error", "sensitivity"] + (
-    ["projection"] if EMULATED else [])
-TABLE_NAMES = ["formats", "ablation", "end_to_end"]
+FIGURE_NAMES = ["throughput", "kernels", "allreduce", "convergence", "error", "sensitivity", "breakdown"] + (
+    ["projection", "validation"] if EMULATED else [])
+TABLE_NAMES = ["formats", "ablation", "end_to_end"] + (["model_validation"] if EMULATED else [])
 FIGURES = expand("figures/{name}.pdf", name=FIGURE_NAMES) + ["figures/traffic.pdf"]  # traffic: its own rule
 TABLES = expand("paper/tables/{name}.tex", name=TABLE_NAMES)
 HAVE_LATEXMK = shutil.which("latexmk") is not None

@@ -9,7 +9,7 @@ rule figure:
     input:
         rules.collect_results.output,
         rules.projection_sensitivity.output,
-        [f"{OUT}/results/projection.csv"] if EMULATED else [],
+        [f"{OUT}/results/projection.csv", f"{OUT}/results/model_validation.csv"] if EMULATED else [],
     output:
         "figures/{name}.pdf",
     wildcard_constraints:
@@ -24,6 +24,7 @@ rule figure:
 rule table:
     input:
         rules.collect_results.output,
+        [f"{OUT}/results/model_validation.csv"] if EMULATED else [],
     output:
         "paper/tables/{name}.tex",
     wildcard_constraints:

@@ -8,17 +8,21 @@ rule collect_results:
         kernels=rules.kernel_benchmark.output.csv,
         collectives=rules.collective_benchmark.output.csv,
         tests=rules.unit_tests.output.junit,
+        cluster=[f"{OUT}/cluster/collectives.csv", f"{OUT}/cluster/collectives.cluster.json"] if EMULATED else [],
     output:
-        expand(f"{OUT}/results/{{name}}.csv", name=["training", "curves", "error", "kernels", "collectives", "ablation"]),
+        expand(f"{OUT}/results/{{name}}.csv", name=["training", "curves", "error", "kernels", "collectives", "ablation",
+                                                   "breakdown"] + (["collectives_emulated"] if EMULATED else [])),
     log:
         f"{OUT}/logs/collect_results.log",
     params:
         runs=RUN_DIRS,
         ablations=ABLATIONS,
+        cluster=(f"--cluster-collectives {OUT}/cluster/collectives.csv"
+                 f" --cluster-record {OUT}/cluster/collectives.cluster.json") if EMULATED else "",
     shell:
         "{PY} -m fp4quant.analysis collect --profile {PROFILE} --runs {params.runs} --error {input.error}"
         " --kernels {input.kernels} --collectives {input.collectives} --ablations {params.ablations}"
-        " --out-dir {OUT}/results 2> {log}"
+        " {params.cluster} --out-dir {OUT}/results 2> {log}"
 
 
 rule projection_sensitivity:

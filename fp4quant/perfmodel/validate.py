@@ -1,0 +1,189 @@
+"""The step model checked part by part against training runs on the emulated cluster.
+
+    python -m fp4quant.perfmodel.validate --out model_validation.csv \
+        --case PROBE.json RUN_DIR [RUN_DIR ...] [--case PROBE.json RUN_DIR ...]
+
+Each case is one link (a probe measured on it, fp4quant.perfmodel.probe, and the runs on
+it, each with the cluster record ``cluster.json`` the workflow writes beside its log).
+For each run, over its steady steps (the first ``--skip`` fraction dropped: start-up,
+the first step's cross-rank validation), the trainer's own timers give
+
+measured   total = step_time_s; codec = the codec timers (quantize_s + dequantize_s of
+           both directions); communication = comm_s of both directions (blocking: all of
+           it is exposed, waiting for a slower peer included); compute = total - codec -
+           communication (with the scalar all-reduces and everything else outside the
+           compressed collectives)
+
+and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone: FLOP/s
+of a rank while all compute, the codec at the all-reduce's shapes and rounding, the link
+fitted to its all-reduces (model.fit_link) with the token bucket's depth from the record,
+the scalar all-reduce's time, the ranks' skew (a rank's wait for a slower one, which the
+trainer's timers count as communication).  Nothing is fitted to the training runs.  Rows: config,
+comm, component (compute, quantize, dequantize, codec, communication, total),
+measured_s (mean over the steady steps) and its SD, predicted_s, rel_error
+(predicted / measured - 1).
+
+Logs written before the codec timer was split (no ``codec_s``: their ``quantize_s`` was
+the whole codec) give the codec but not its split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from ..models.config import ModelConfig
+from ..provenance import atomic_write_csv, atomic_write_json, provenance
+from .model import Machine, Workload, fit_link, step
+
+COMPONENTS = ("compute", "quantize", "dequantize", "codec", "communication", "total")
+# keys under which an emulation that stretches the codec (sleeps in proportion) records its factor
+CODEC_STRETCH_KEYS = ("codec_stretch", "codec_dilation")
+
+
+def read_log(run: Path) -> list[dict]:
+    path = run / "log.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror}") from None
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def steady(records: list[dict], skip: float) -> list[dict]:
+    """The steps after the first ``skip`` fraction (at least the first two dropped)."""
+    if not 0 <= skip < 1:
+        raise ValueError(f"skip must be a fraction in [0, 1), got {skip}")
+    drop = max(2, int(len(records) * skip))
+    if len(records) - drop < 3:
+        raise ValueError(f"{len(records)} steps leave fewer than 3 steady ones after dropping {drop}")
+    return records[drop:]
+
+
+def _codec_fields(r: dict, d: str) -> tuple[float, float | None, float | None]:
+    """(codec, quantize, dequantize) seconds of direction ``d``; the split is None in old logs."""
+    if f"{d}_codec_s" in r:
+        return r[f"{d}_codec_s"], r.get(f"{d}_quantize_s", 0.0), r.get(f"{d}_dequantize_s", 0.0)
+    return r.get(f"{d}_quantize_s", 0.0), None, None
+
+
+def measured_components(records: list[dict]) -> dict[str, list[float]]:
+    """Per step: each component's seconds (see the module doc)."""
+    out: dict[str, list[float]] = {c: [] for c in COMPONENTS}
+    split = True
+    for r in records:
+        codec = quant = dequant = comm = 0.0
+        for d in ("fwd", "bwd"):
+            c, q, dq = _codec_fields(r, d)
+            codec += c
+            comm += r.get(f"{d}_comm_s", 0.0)
+            if q is None:
+                split = False
+            else:
+                quant, dequant = quant + q, dequant + dq
+        total = r["step_time_s"]
+        for name, value in (("total", total), ("codec", codec), ("communication", comm),
+                            ("compute", total - codec - comm), ("quantize", quant), ("dequantize", dequant)):
+            out[name].append(value)
+    if not split:
+        del out["quantize"], out["dequantize"]
+    return out
+
+
+def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1.0) -> tuple[Machine, dict]:
+    """The emulated machine as the probe measured it (see fp4quant.perfmodel.probe)."""
+    link = probe["link"]
+    alpha, bw = fit_link([r["size_bytes"] for r in link], [r["latency_s"] for r in link], probe["world"], burst_bytes)
+    codec = {k: {op: v / codec_stretch for op, v in ops.items()} for k, ops in probe["codec_values_per_s"].items()}
+    m = Machine(name="emulated cluster (probed)", rank_flops=probe["rank_flops"], inter_bw=bw, inter_latency=alpha,
+                intra_bw=bw, intra_latency=alpha, ranks_per_node=1, codec_values_per_s=codec,
+                burst_bytes=burst_bytes, scalar_allreduce_s=probe.get("exact_allreduce_s"),
+                skew_s=probe.get("skew_s", 0.0))
+    return m, {"fitted_latency_s": alpha, "fitted_bandwidth_Bps": bw, "burst_bytes": burst_bytes,
+               "codec_stretch": codec_stretch}
+
+
+def predicted_components(w: Workload, m: Machine, comm: str) -> dict[str, float]:
+    s = step(w, m, comm)
+    return {"compute": s.compute_s + s.scalar_s, "quantize": s.quantize_s, "dequantize": s.dequantize_s,
+            "codec": s.codec_s, "communication": s.exposed_comm_s + s.skew_s, "total": s.total_s}
+
+
+def _record(run: Path) -> dict:
+    path = run / "cluster.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def case_rows(probe_path: Path, runs: list[Path], skip: float) -> tuple[list[dict], dict]:
+    probe = json.loads(probe_path.read_text())
+    rows, fits = [], {}
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        cfg = summary["provenance"]["config"]
+        record = _record(run)
+        cal = record.get("calibration") or {}
+        stretch = next((float(src[k]) for src in (record, cal) for k in CODEC_STRETCH_KEYS if k in src), 1.0)
+        machine, fit = machine_from_probe(probe, float(record.get("link_burst_bytes", 0)), stretch)
+        w = Workload(ModelConfig(**summary["model"]), summary["mesh"]["tp"], cfg["seq_len"], cfg["batch_size"],
+                     summary["mesh"]["dp"])
+        rate = record.get("link_rate_mbit")
+        if not rate:
+            name = f"{cfg['comm']} ({run.name})"
+        elif record.get("emulated", True):
+            name = f"{cfg['comm']} @ {rate:g} Mbit/s"
+        else:  # the cluster fell back to loopback: the rate was asked for, not shaped
+            name = f"{cfg['comm']} (loopback; {rate:g} Mbit/s asked)"
+        fits[name] = {**fit, "run": str(run), "emulated": record.get("emulated")}
+        measured = measured_components(steady(read_log(run), skip))
+        predicted = predicted_components(w, machine, cfg["comm"])
+        for comp in COMPONENTS:
+            if comp not in measured:
+                continue
+            values = measured[comp]
+            mean = statistics.fmean(values)
+            pred = predicted[comp]
+            rows.append({
+                "config": name, "comm": cfg["comm"], "link_rate_mbit": rate if rate else "", "component": comp,
+                "measured_s": mean, "measured_sd_s": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "predicted_s": pred, "rel_error": pred / mean - 1 if mean > 0 else ("" if pred == 0 else float("inf")),
+                "steps": len(values), "run": str(run), "probe": str(probe_path),
+                "probe_load_1min": probe.get("load_average_1min", ""),
+            })
+    return rows, fits
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", nargs="+", action="append", required=True, metavar="PROBE_JSON RUN_DIR",
+                    help="a probe and the runs on its link (repeat per link)")
+    ap.add_argument("--skip", type=float, default=0.2, help="fraction of each run's first steps dropped")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    rows, fits = [], {}
+    try:
+        for case in a.case:
+            if len(case) < 2:
+                raise ValueError(f"--case needs a probe and at least one run, got {case}")
+            r, f = case_rows(Path(case[0]), [Path(p) for p in case[1:]], a.skip)
+            rows += r
+            fits.update(f)
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"fp4quant.perfmodel.validate: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    prov = provenance()
+    for r in rows:
+        r.update(hardware=prov["hardware"], commit=prov["commit"], torch=prov["torch"])
+    atomic_write_csv(a.out, rows)
+    atomic_write_json(a.out + ".meta.json", provenance(fits=fits, skip=a.skip, cases=a.case))
+    for r in rows:
+        print(f"{r['config']:>24} {r['component']:>13}: measured {1e3 * r['measured_s']:8.2f} ms, "
+              f"predicted {1e3 * r['predicted_s']:8.2f} ms ({100 * r['rel_error']:+.0f}%)"
+              if r["rel_error"] != "" else f"{r['config']:>24} {r['component']:>13}: 0", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The part-by-part validation: measured components from a synthetic log, predictions from
+a probe, the CSV's arithmetic, old logs, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from fp4quant.models import ModelConfig
+from fp4quant.perfmodel import validate
+from fp4quant.perfmodel.model import Workload, step
+
+MODEL = ModelConfig.preset("tiny")
+PROBE = {
+    "rank_flops": 2e10, "world": 2, "exact_allreduce_s": 4e-4, "message_values": 65536, "skew_s": 0.003,
+    "codec_values_per_s": {"fp4quant": {"quantize": 1e9, "dequantize_reduce": 2e9, "dequantize": 1.5e9},
+                           "fp4quant:sr": {"quantize": 5e8, "dequantize_reduce": 1e9, "dequantize": 1e9}},
+    "link": [{"size_bytes": s, "latency_s": 1e-3 + s / 5e6} for s in (4096, 65536, 1 << 20, 2 << 20, 4 << 20)],
+}
+
+
+def step_record(i: int, split: bool = True) -> dict:
+    r = {"step": i, "step_time_s": 0.100 + 0.002 * (i % 3)}
+    for d, (q, dq, c) in {"fwd": (0.001, 0.002, 0.020), "bwd": (0.0015, 0.0025, 0.030)}.items():
+        if split:
+            r.update({f"{d}_codec_s": q + dq, f"{d}_quantize_s": q, f"{d}_dequantize_s": dq})
+        else:  # before the split: quantize_s was the whole codec
+            r[f"{d}_quantize_s"] = q + dq
+        r[f"{d}_comm_s"] = c
+    return r
+
+
+def make_run(path, comm="fp4quant", steps=10, split=True, rate=60.0, emulated=True):
+    path.mkdir(parents=True)
+    (path / "log.jsonl").write_text("".join(json.dumps(step_record(i, split)) + "\n" for i in range(steps)))
+    (path / "summary.json").write_text(json.dumps({
+        "model": MODEL.to_dict(), "mesh": {"tp": 2, "dp": 1},
+        "provenance": {"config": {"comm": comm, "seq_len": 128, "batch_size": 2}}}))
+    (path / "cluster.json").write_text(json.dumps({"link_rate_mbit": rate, "link_burst_bytes": 131072,
+                                                   "emulated": emulated}))
+    return path
+
+
+def test_measured_components_are_the_trainers_timers_over_steady_steps(tmp_path):
+    run = make_run(tmp_path / "run")
+    (tmp_path / "probe.json").write_text(json.dumps(PROBE))
+    rows, fits = validate.case_rows(tmp_path / "probe.json", [run], skip=0.2)
+    got = {r["component"]: r for r in rows}
+    steady = [step_record(i) for i in range(2, 10)]  # 20% of 10 steps, at least 2, dropped
+    total = sum(r["step_time_s"] for r in steady) / len(steady)
+    assert got["total"]["measured_s"] == pytest.approx(total)
+    assert got["quantize"]["measured_s"] == pytest.approx(0.0025)
+    assert got["dequantize"]["measured_s"] == pytest.approx(0.0045)
+    assert got["codec"]["measured_s"] == pytest.approx(0.007)
+    assert got["communication"]["measured_s"] == pytest.approx(0.050)
+    assert got["compute"]["measured_s"] == pytest.approx(total - 0.057)
+    assert got["total"]["measured_sd_s"] == pytest.approx(pd.Series([r["step_time_s"] for r in steady]).std())
+    # predictions: the model on the probe's machine, the burst from the run's record
+    machine, fit = validate.machine_from_probe(PROBE, 131072)
+    s = step(Workload(MODEL, 2, 128, 2), machine, "fp4quant")
+    assert got["codec"]["predicted_s"] == pytest.approx(s.codec_s)
+    assert got["quantize"]["predicted_s"] + got["dequantize"]["predicted_s"] == pytest.approx(s.codec_s)
+    assert got["compute"]["predicted_s"] == pytest.approx(s.compute_s + 5 * 4e-4)  # 5 scalar all-reduces, probed
+    assert got["communication"]["predicted_s"] == pytest.approx(s.exposed_comm_s + 0.003)  # the wait for a slower rank
+    assert got["total"]["predicted_s"] == pytest.approx(s.total_s)
+    assert s.total_s == pytest.approx(s.compute_s + s.scalar_s + s.skew_s + s.exposed_comm_s + s.codec_s)
+    for r in rows:
+        assert r["rel_error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+        assert r["config"] == "fp4quant @ 60 Mbit/s"
+    assert fit["fitted_bandwidth_Bps"] == pytest.approx(5e6, rel=1e-6)
+
+
+def test_the_codec_in_the_model_splits_stochastic_backward_and_shards_the_reduce():
+    machine, _ = validate.machine_from_probe(PROBE, 0)
+    s = step(Workload(MODEL, 2, 128, 2), machine, "fp4quant")
+    n, values = 2 * MODEL.num_layers + 1, 128 * 2 * MODEL.hidden_size
+    rne, sr = PROBE["codec_values_per_s"]["fp4quant"], PROBE["codec_values_per_s"]["fp4quant:sr"]
+    assert s.quantize_s == pytest.approx(n * values * (1 / rne["quantize"] + 1 / sr["quantize"]))
+    per = lambda r: values / 2 / r["dequantize_reduce"] + values / r["dequantize"]  # noqa: E731
+    assert s.dequantize_s == pytest.approx(n * (per(rne) + per(sr)))
+    bf16 = step(Workload(MODEL, 2, 128, 2), machine, "bf16")
+    assert bf16.codec_s == 0 and bf16.scalar_s == pytest.approx(5 * 4e-4) and bf16.skew_s == 0.003
+
+
+def test_old_logs_give_the_codec_without_its_split_and_stretch_is_read(tmp_path):
+    run = make_run(tmp_path / "old", split=False, emulated=False)
+    record = json.loads((run / "cluster.json").read_text())
+    (run / "cluster.json").write_text(json.dumps({**record, "calibration": {"codec_stretch": 4.0}}))
+    (tmp_path / "probe.json").write_text(json.dumps(PROBE))
+    rows, fits = validate.case_rows(tmp_path / "probe.json", [run], skip=0.2)
+    got = {r["component"]: r for r in rows}
+    assert set(got) == {"compute", "codec", "communication", "total"}
+    assert got["codec"]["measured_s"] == pytest.approx(0.007)
+    plain, _ = validate.machine_from_probe(PROBE, 131072)
+    assert got["codec"]["predicted_s"] == pytest.approx(4 * step(Workload(MODEL, 2, 128, 2), plain, "fp4quant").codec_s)
+    assert "loopback" in rows[0]["config"] and fits[rows[0]["config"]]["codec_stretch"] == 4.0
+
+
+def test_main_writes_the_csv_and_refuses_bad_input_in_one_line(tmp_path, capsys):
+    (tmp_path / "probe.json").write_text(json.dumps(PROBE))
+    runs = [make_run(tmp_path / c, comm=c) for c in ("bf16", "fp4quant")]
+    out = tmp_path / "model_validation.csv"
+    assert validate.main(["--case", str(tmp_path / "probe.json"), *map(str, runs), "--out", str(out)]) == 0
+    df = pd.read_csv(out)
+    assert {"config", "component", "measured_s", "predicted_s", "rel_error"} <= set(df.columns)
+    assert set(df[df.comm == "bf16"].component) == set(validate.COMPONENTS)
+    assert json.loads((tmp_path / "model_validation.csv.meta.json").read_text())["fits"]
+    capsys.readouterr()
+    short = make_run(tmp_path / "short", steps=4)
+    assert validate.main(["--case", str(tmp_path / "probe.json"), str(short), "--out", str(tmp_path / "x.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fewer than 3 steady" in err[0]
+    assert validate.main(["--case", str(tmp_path / "probe.json"), "--out", str(tmp_path / "x.csv")]) == 2
+    with pytest.raises(ValueError, match="skip"):
+        validate.steady([{}] * 10, 1.0)
+
+
+def test_skew_is_the_slowest_ranks_excess_over_the_mean_step():
+    from fp4quant.perfmodel.probe import skew_seconds
+
+    assert skew_seconds([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]) == 0.0
+    # steps: (1, 3) -> 1, (2, 2) -> 0, (4, 2) -> 1: mean 2/3
+    assert skew_seconds([[1.0, 2.0, 4.0], [3.0, 2.0, 2.0]]) == pytest.approx(2 / 3)

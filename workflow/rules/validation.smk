@@ -1,0 +1,54 @@
+# The step model checked part by part (fp4quant.perfmodel.validate): at each link rate of
+# cluster.validation, a probe of the ranks and the link (fp4quant.perfmodel.probe) and short
+# training runs on that link, back to back, then measured vs predicted compute, codec,
+# communication and total per configuration -> results/model_validation.csv.
+
+VALIDATION = CLUSTER.get("validation", {})
+VRATES = [f"{r:g}" for r in VALIDATION.get("rates_mbit", [30, 60, 120])]
+VCOMMS = VALIDATION.get("comms", ["bf16", "fp4quant"])
+VDIR = f"{OUT}/cluster/validation"
+
+
+def validation_train(rate, comm):
+    run = f"{VDIR}/rate{rate}/{comm}"
+    return (f"rm -rf {run} && {PY} -m fp4quant.cluster run --rate-mbit {rate} --nodes {NODES}"
+            f" --nproc-per-node {TRAIN['tp'] // NODES} --record {run}/cluster.json -- -m fp4quant.train"
+            f" --model {TRAIN['model']} --tp {TRAIN['tp']} --comm {comm} --steps {VALIDATION.get('steps', 30)}"
+            f" --seq-len {TRAIN['seq_len']} --batch-size {TRAIN['batch_size']} --data {OUT}/tokens --eval-batches 0"
+            f" --checkpoint-every 1000000 --device cpu --out {run}")
+
+
+# One job per link rate: its probe, then its runs, back to back, so that the model's inputs
+# and the runs it predicts are measured under the same load of this shared machine.
+rule validation_rate:
+    input:
+        rules.build_extension.output.info,
+        data=rules.prepare_data.output.meta,
+    output:
+        probe=f"{VDIR}/rate{{rate}}/probe.json",
+        record=f"{VDIR}/rate{{rate}}/probe.cluster.json",
+        runs=[f"{VDIR}/rate{{rate}}/{c}/summary.json" for c in VCOMMS],
+    log:
+        f"{OUT}/logs/validation_{{rate}}.log",
+    params:
+        runs=lambda wc: " && ".join(validation_train(wc.rate, c) for c in VCOMMS),
+    threads: workflow.cores
+    shell:
+        "({PY} -m fp4quant.cluster run --rate-mbit {wildcards.rate} --nodes {NODES} --record {output.record} --"
+        " -m fp4quant.perfmodel.probe --model {TRAIN[model]} --seq-len {TRAIN[seq_len]} --batch-size {TRAIN[batch_size]}"
+        " --out {output.probe} && {params.runs}) > {log} 2>&1"
+
+
+rule model_validation:
+    input:
+        probes=expand(f"{VDIR}/rate{{rate}}/probe.json", rate=VRATES),
+        runs=expand(f"{VDIR}/rate{{rate}}/{{comm}}/summary.json", rate=VRATES, comm=VCOMMS),
+    output:
+        f"{OUT}/results/model_validation.csv",
+    log:
+        f"{OUT}/logs/model_validation.log",
+    params:
+        cases=" ".join(f"--case {VDIR}/rate{r}/probe.json " + " ".join(f"{VDIR}/rate{r}/{c}" for c in VCOMMS)
+                       for r in VRATES),
+    shell:
+        "{PY} -m fp4quant.perfmodel.validate {params.cases} --out {output} 2> {log}"
