@@ -46,6 +46,7 @@ include: "workflow/rules/benchmarks.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/traffic.smk"
 include: "workflow/rules/cluster.smk"
+include: "workflow/rules/throughput.smk"
 include: "workflow/rules/results.smk"
 include: "workflow/rules/paper.smk"
 

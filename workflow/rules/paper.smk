@@ -8,6 +8,7 @@ RESULTS = f"{OUT}/results"
 rule figure:
     input:
         rules.collect_results.output,
+        rules.collect_throughput.output,
         rules.projection_sensitivity.output,
         [f"{OUT}/results/projection.csv"] if EMULATED else [],
     output:
@@ -24,6 +25,8 @@ rule figure:
 rule table:
     input:
         rules.collect_results.output,
+        rules.collect_throughput.output,
+        rules.regime.output if EMULATED else [],
     output:
         "paper/tables/{name}.tex",
     wildcard_constraints:

@@ -21,13 +21,15 @@ TRAIN_OPTIONS = ("model", "tp", "compress", "algorithm", "steps", "seq_len", "ba
                  "eval_batches", "sequence_parallel", "activation_checkpointing")
 
 
-def train_args(wildcards):
+def train_args(wildcards, train=None):
+    """The trainer's flags for a run (``train``: the options, default the configuration's train)."""
+    train = TRAIN if train is None else train
     comm, _, compute = wildcards.comm.partition("+")  # a run folder "<comm>+<compute>" (common.variant)
     flags = [f"--comm {comm}", f"--seed {wildcards.seed}", f"--data {OUT}/tokens"]
     if compute:
         flags.append(f"--compute {compute}")
     for key in TRAIN_OPTIONS:
-        value = TRAIN.get(key)
+        value = train.get(key)
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])
