@@ -29,10 +29,11 @@ def run_files(data: Path) -> list[Path]:
 
 
 def made_from_run(figures: Path, tables: Path, data: Path) -> list[Path]:
-    """The figures and tables the run's results make (projection and traffic only where the run has them)."""
+    """The figures and tables the run's results make (projection, traffic and regime only where the run has them)."""
     optional = {"projection": data / "results" / "projection.csv", "traffic": data / "bench" / "traffic.csv"}
     names = [n for n in FIGURES if n not in optional or optional[n].exists()]
-    return [figures / f"{n}.pdf" for n in names] + [tables / f"{n}.tex" for n in TABLES]
+    regime = ["regime"] if (data / "results" / "regime.csv").exists() else []
+    return [figures / f"{n}.pdf" for n in names] + [tables / f"{n}.tex" for n in (*TABLES, *regime)]
 
 
 def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str | Path = "figures",
