@@ -13,9 +13,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..perfmodel.regime import COMPONENTS, read_run
 from .collect import training
 from .tables import _tex, _where, _write, number
+
+
+def steady(run: str | Path, warmup: int) -> tuple[float, float]:
+    """(tokens/s, mean step seconds) of a run's logged steps after the first ``warmup``."""
+    if warmup < 0:
+        raise ValueError(f"warm-up steps must be >= 0, got {warmup}")
+    log = pd.read_json(Path(run) / "log.jsonl", lines=True)
+    summary = json.loads((Path(run) / "summary.json").read_text())
+    kept = log[log.step >= warmup]
+    if not len(kept):
+        raise ValueError(f"{run}: {len(log)} steps logged, none after the {warmup} warm-up steps")
+    cfg = summary["provenance"]["config"]
+    tokens = summary["mesh"]["dp"] * cfg["batch_size"] * cfg["seq_len"]
+    return tokens * len(kept) / kept.step_time_s.sum(), kept.step_time_s.mean()
 
 
 def network(run_dir: Path) -> str | None:
@@ -38,9 +51,9 @@ def throughput(run_dirs: list[str | Path], profile: str, warmup: int) -> pd.Data
     steps after the first ``warmup``); the speedup is over the mean BF16 tokens/s of the runs
     (repeats of a throughput run are not paired)."""
     df = training(run_dirs, profile)
-    steady = [read_run(r, warmup) for r in df.run]
-    df["tokens_per_s"] = [r["tokens_per_s"] for r in steady]
-    df["step_time_s"] = [r["step_time_s"] for r in steady]
+    rates = [steady(r, warmup) for r in df.run]
+    df["tokens_per_s"] = [r[0] for r in rates]
+    df["step_time_s"] = [r[1] for r in rates]
     df["warmup_steps"] = warmup
     labels = [network(Path(r)) for r in df.run]
     df["network"] = [lab or net for lab, net in zip(labels, df.network)]
@@ -51,10 +64,11 @@ def throughput(run_dirs: list[str | Path], profile: str, warmup: int) -> pd.Data
 
 def table(regime: pd.DataFrame, out, profile: str) -> None:
     """Each component's share of the step: target (projected), emulated (predicted, measured)."""
+    components = [c.removesuffix("_share") for c in regime.columns if c.endswith("_share")]  # fp4quant.perfmodel.regime's
     rows = []
     for r in regime.itertuples():
         shares = []
-        for c in COMPONENTS:
+        for c in components:
             s = number(100 * getattr(r, f"{c}_share"), ".0f")
             sd = getattr(r, f"{c}_share_sd")
             if r.source == "measured" and r.n > 1 and pd.notna(sd):
@@ -72,5 +86,5 @@ def table(regime: pd.DataFrame, out, profile: str) -> None:
                "by the trainer's timers (mean $\\pm$ SD of the share over n runs; latency: the slept per-hop "
                "latency of each wire step, bandwidth: the rest of the collectives' time, compute: the rest of the "
                "step). " + _where(regime, profile))
-    _write(out, regime, profile, ["scenario", "source", "TP comm", "seq x batch", "step s", "compute %", "codec %",
-                                  "bandwidth %", "latency %"], rows, caption, "tab:regime")
+    _write(out, regime, profile, ["scenario", "source", "TP comm", "seq x batch", "step s"]
+           + [f"{c} %" for c in components], rows, caption, "tab:regime")

@@ -11,6 +11,7 @@ import pytest
 from fp4quant.analysis import regime, tables
 from fp4quant.models.config import ModelConfig
 
+COMPONENTS = ("compute", "codec", "bandwidth", "latency")
 ORIGIN = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "c" * 40, "torch": "2.13.0+cpu"}
 
 
@@ -46,6 +47,8 @@ def test_throughput_leaves_out_the_warmup_and_compares_with_the_mean_bf16(tmp_pa
     assert fp4.speedup_vs_bf16.mean() == pytest.approx(fp4.tokens_per_s.mean() / bf16.tokens_per_s.mean())
     assert set(df.network) == {"emulated (2 nodes, every component dilated x6650)"}
     assert set(df.warmup_steps) == {1}
+    with pytest.raises(ValueError, match="none after the 3 warm-up steps"):
+        regime.throughput(runs, "cpu", warmup=3)
 
 
 def test_the_network_label_says_what_was_dilated(tmp_path):
@@ -63,10 +66,10 @@ def regime_frame() -> pd.DataFrame:
     for scenario, source, comm, n, sd in (("H100, Qwen-7B, TP=16 across two nodes", "projected", "bf16", 1, ""),
                                           ("emulated, tiny model", "predicted", "bf16", 1, ""),
                                           ("emulated, tiny model", "measured", "bf16", 3, 0.02)):
-        shares = dict(zip(regime.COMPONENTS, (0.11, 0.0, 0.6, 0.29)))
+        shares = dict(zip(COMPONENTS, (0.11, 0.0, 0.6, 0.29)))
         rows.append({**ORIGIN, "scenario": scenario, "source": source, "comm": comm, "seq_len": 512, "batch_size": 8,
                      "n": n, "step_s": 12.345, **{f"{c}_share": v for c, v in shares.items()},
-                     **{f"{c}_share_sd": sd for c in regime.COMPONENTS}})
+                     **{f"{c}_share_sd": sd for c in COMPONENTS}})
     df = pd.DataFrame(rows)
     df.loc[0, "hardware"] = "H100 (assumed)"
     return df
@@ -80,4 +83,5 @@ def test_regime_table_states_each_share_and_its_spread(tmp_path):
     assert body[0][1] == "target, projected" and body[0][5:] == ["11", "0", "60", "29"]
     assert body[1][1] == "emulated, predicted" and body[1][4] == tables.number(12.345, ".3g")
     assert body[2][1] == "emulated, measured (n=3)" and body[2][5] == "11 $\\pm$ 2"
+    assert "compute \\% & codec \\% & bandwidth \\% & latency \\%" in tex
     assert "projected by the step model" in tex and "AMD EPYC, 2 cores (CPU)" in tex and "measured" in tex
