@@ -57,8 +57,9 @@ def throughput(training: pd.DataFrame, out, profile: str) -> None:
                 capsize=0.2)
     for i, comm in enumerate(order):
         g = training[training.series == comm]
-        ax.annotate(f"{g.speedup_vs_bf16.mean():.2f}x\nn={len(g)}", (i, g.tokens_per_s.mean()), ha="center",
-                    va="bottom", fontsize=7, xytext=(12, 0), textcoords="offset points")
+        top = g.tokens_per_s.mean() + (g.tokens_per_s.std() if len(g) > 1 else 0)  # above the SD bar
+        ax.annotate(f"{g.speedup_vs_bf16.mean():.2f}x, n={len(g)}", (i, top), ha="center", va="bottom", fontsize=7,
+                    xytext=(0, 3), textcoords="offset points")
     first = training.iloc[0]
     ax.set(xlabel="TP communication", ylabel="training tokens / s (mean $\\pm$ SD)",
            title=f"{first.model}, TP={first.tp} x DP={first.dp}, seq {first.seq_len} x batch {first.batch_size}, "
