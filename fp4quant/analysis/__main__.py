@@ -1,4 +1,4 @@
-"""`python -m fp4quant.analysis collect|ablation|figure|table|freeze ...`: the workflow's analysis steps.
+"""`python -m fp4quant.analysis collect|throughput|ablation|figure|table|freeze ...`: the workflow's analysis steps.
 
 Each step first checks that its inputs come from one machine, commit and torch version
 (.origin) and refuses a mix in one line; `freeze` copies a complete run into a reference folder.
@@ -13,18 +13,21 @@ from pathlib import Path
 import pandas as pd
 
 from ..provenance import atomic_write_csv, atomic_write_text
-from . import collect, figures, study, tables
+from . import collect, figures, regime, study, tables
 from .figures import FIGURES, STUDY_FIGURES
 from .freeze import freeze
 from .origin import MixedOrigin, check_same_origin
-from .tables import TABLES
+from .tables import TABLES as PAPER_TABLES
+
+TABLES = (*PAPER_TABLES, "regime")
 
 # the result CSVs each figure and table reads (in the --results folder)
-READS = {"throughput": ["training"], "kernels": ["kernels"], "allreduce": ["collectives"], "projection": ["projection"],
+READS = {"throughput": ["throughput"], "regime": ["regime"], "kernels": ["kernels"], "allreduce": ["collectives"],
+         "projection": ["projection"],
          "breakdown": ["breakdown"], "validation": ["model_validation"], "model_validation": ["model_validation"],
          "sensitivity": ["projection_sensitivity"],
          "convergence": ["curves", "training"], "error": ["error"], "formats": ["error"], "ablation": ["ablation"],
-         "end_to_end": ["training"],
+         "end_to_end": ["training", "throughput"],
          "traffic": ["traffic"], "tradeoff": ["convergence_summary"]}
 
 
@@ -50,12 +53,18 @@ def cmd_collect(a) -> None:
     _write(error, out / "error.csv")
     _write(kernels, out / "kernels.csv")
     _write(collect.benchmark(a.collectives, a.profile), out / "collectives.csv")
-    _write(collect.breakdown(a.runs, a.profile), out / "breakdown.csv")
     if a.cluster_collectives:  # measured on the emulated cluster: the all-reduce figure's top row
         emulated = collect.benchmark(a.cluster_collectives, a.profile)
         _write(emulated.assign(network=collect.network_of_record(a.cluster_record)), out / "collectives_emulated.csv")
     abl = [collect.ablation(name, error, kernels, runs) for name in a.ablations]
     _write(pd.concat(abl, ignore_index=True) if abl else pd.DataFrame(), out / "ablation.csv")
+
+
+def cmd_throughput(a) -> None:
+    check_same_origin(run_inputs(a.runs))
+    _write(regime.throughput(a.runs, a.profile, a.warmup), Path(a.out))
+    if a.breakdown_out:  # the same steps split by the trainer's timers
+        _write(collect.breakdown(a.runs, a.profile, a.warmup), Path(a.breakdown_out))
 
 
 def cmd_ablation(a) -> None:
@@ -90,7 +99,7 @@ def cmd_figure(a) -> None:
     r = Path(a.results)
     read = lambda name: pd.read_csv(r / f"{name}.csv")  # noqa: E731
     if a.name == "throughput":
-        figures.throughput(read("training"), a.out, a.profile)
+        figures.throughput(read("throughput"), a.out, a.profile)
     elif a.name == "kernels":
         figures.kernels(read("kernels"), a.out, a.profile)
     elif a.name == "allreduce":
@@ -125,8 +134,10 @@ def cmd_table(a) -> None:
         tables.ablation(pd.read_csv(r / "ablation.csv"), a.out, a.profile)
     elif a.name == "model_validation":
         tables.model_validation(pd.read_csv(r / "model_validation.csv"), a.out, a.profile)
+    elif a.name == "regime":
+        regime.table(pd.read_csv(r / "regime.csv"), a.out, a.profile)
     else:
-        tables.end_to_end(pd.read_csv(r / "training.csv"), a.out, a.profile)
+        tables.end_to_end(pd.read_csv(r / "training.csv"), a.out, a.profile, pd.read_csv(r / "throughput.csv"))
 
 
 def main(argv=None) -> int:
@@ -142,6 +153,12 @@ def main(argv=None) -> int:
     c.add_argument("--cluster-collectives", default=None, help="collective benchmark CSV measured on the emulated cluster")
     c.add_argument("--cluster-record", default=None, help="its cluster record (the link, for the figure)")
     c.add_argument("--out-dir", required=True)
+    h = sub.add_parser("throughput", help="the throughput runs' tokens/s, as a CSV (throughput.csv)")
+    h.add_argument("--profile", required=True)
+    h.add_argument("--runs", nargs="+", required=True, help="throughput run folders (each with summary.json)")
+    h.add_argument("--warmup", type=int, required=True, help="leading steps of each run left out of its tokens/s")
+    h.add_argument("--out", required=True)
+    h.add_argument("--breakdown-out", default=None, help="also the steps' breakdown by the trainer's timers (breakdown.csv)")
     b = sub.add_parser("ablation", help="one ablation against the full method, as a CSV")
     b.add_argument("name")
     b.add_argument("--profile", required=True)
@@ -179,8 +196,8 @@ def main(argv=None) -> int:
             print(f"froze profile {a.profile} ({'; '.join(origin['hardware'])}, commit {origin['commit'][:12]}) "
                   f"into {a.to}", file=sys.stderr)
         else:
-            {"collect": cmd_collect, "ablation": cmd_ablation, "study": cmd_study, "figure": cmd_figure,
-             "table": cmd_table}[a.command](a)
+            {"collect": cmd_collect, "throughput": cmd_throughput, "ablation": cmd_ablation, "study": cmd_study,
+             "figure": cmd_figure, "table": cmd_table}[a.command](a)
     except (MixedOrigin, FileNotFoundError, FileExistsError, ValueError, study.StudyError) as exc:
         print(f"fp4quant.analysis: error: {exc}", file=sys.stderr)
         return 2

@@ -117,12 +117,12 @@ def ablation(name: str, error: pd.DataFrame, kernels: pd.DataFrame, runs: pd.Dat
 BREAKDOWN_PARTS = ("compute", "quantize", "wire", "dequantize")  # stacked bottom to top
 
 
-def breakdown(run_dirs: list[str | Path], profile: str, skip: float = 0.2) -> pd.DataFrame:
+def breakdown(run_dirs: list[str | Path], profile: str, warmup: int) -> pd.DataFrame:
     """Every steady step of every run split by the trainer's timers (both directions summed):
     quantize, dequantize (the codec's two timers), wire (communication: issuing and waiting
-    for the collectives) and compute (the rest of the step).  The first ``skip`` of each
-    run's steps (at least two: start-up, the first step's validation) are left out.  Logs
-    without the split codec timers (written before them) have no rows."""
+    for the collectives) and compute (the rest of the step).  The first ``warmup`` steps of
+    each run are left out (as of its tokens/s).  Logs without the split codec timers
+    (written before them) have no rows."""
     rows = []
     for d in map(Path, run_dirs):
         prov = json.loads((d / "summary.json").read_text())["provenance"]
@@ -130,7 +130,7 @@ def breakdown(run_dirs: list[str | Path], profile: str, skip: float = 0.2) -> pd
         log = [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines() if line.strip()]
         if not log or "fwd_codec_s" not in log[0]:
             continue
-        for r in log[max(2, int(len(log) * skip)):]:
+        for r in log[warmup:]:
             part = {k: sum(r.get(f"{x}_{k}_s", 0.0) for x in ("fwd", "bwd")) for k in ("quantize", "dequantize", "comm")}
             seconds = {"quantize": part["quantize"], "dequantize": part["dequantize"], "wire": part["comm"],
                        "compute": r["step_time_s"] - part["quantize"] - part["dequantize"] - part["comm"]}

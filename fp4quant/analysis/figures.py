@@ -50,17 +50,22 @@ def _finish(fig, df: pd.DataFrame, profile: str, out: str | Path) -> None:
 
 
 def throughput(training: pd.DataFrame, out, profile: str) -> None:
-    """End-to-end training tokens/s per TP communication, with the speedup over BF16."""
+    """End-to-end training tokens/s per TP communication (the throughput runs: mean, bars +- SD
+    over the n runs), with the speedup over BF16."""
     training = with_series(training)
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     order = _order(training.series)
-    sns.barplot(data=training, x="series", y="tokens_per_s", order=order, ax=ax, color="#4C72B0", errorbar=None)
+    sns.barplot(data=training, x="series", y="tokens_per_s", order=order, ax=ax, color="#4C72B0", errorbar="sd",
+                capsize=0.2)
     for i, comm in enumerate(order):
         g = training[training.series == comm]
-        ax.annotate(f"{g.speedup_vs_bf16.mean():.2f}x", (i, g.tokens_per_s.mean()), ha="center", va="bottom", fontsize=8)
+        top = g.tokens_per_s.mean() + (g.tokens_per_s.std() if len(g) > 1 else 0)  # above the SD bar
+        ax.annotate(f"{g.speedup_vs_bf16.mean():.2f}x, n={len(g)}", (i, top), ha="center", va="bottom", fontsize=7,
+                    xytext=(0, 3), textcoords="offset points")
     first = training.iloc[0]
-    ax.set(xlabel="TP communication", ylabel="training tokens / s",
-           title=f"{first.model}, TP={first.tp} x DP={first.dp}, {first.backend}\n{first.network}")
+    ax.set(xlabel="TP communication", ylabel="training tokens / s (mean $\\pm$ SD)",
+           title=f"{first.model}, TP={first.tp} x DP={first.dp}, seq {first.seq_len} x batch {first.batch_size}, "
+                 f"{first.steps} steps, {first.backend}\n{first.network}")
     ax.title.set_fontsize(8)
     ax.tick_params(axis="x", rotation=20)
     _finish(fig, training, profile, out)

@@ -29,18 +29,18 @@ def run_files(data: Path) -> list[Path]:
 
 
 def made_from_run(figures: Path, tables: Path, data: Path) -> list[Path]:
-    """The figures and tables the run's results make (projection, traffic, the model's validation
-    and the step breakdown only where the run has them: runs before the split codec timers have
-    no breakdown)."""
+    """The figures and tables the run's results make (projection, traffic, the model's validation,
+    the step breakdown and the regime only where the run has them: runs before the split codec
+    timers have no breakdown)."""
     results = data / "results"
     optional = {"projection": results / "projection.csv", "traffic": data / "bench" / "traffic.csv",
                 "validation": results / "model_validation.csv", "model_validation": results / "model_validation.csv",
-                "breakdown": results / "breakdown.csv"}
+                "breakdown": results / "breakdown.csv", "regime": results / "regime.csv"}
     def has(name: str) -> bool:  # a result with a header and at least one row
         path = optional.get(name)
         return path is None or (path.exists() and len(path.read_text().splitlines()[:2]) == 2)
 
-    return [figures / f"{n}.pdf" for n in FIGURES if has(n)] + [tables / f"{n}.tex" for n in TABLES if has(n)]
+    return [figures / f"{n}.pdf" for n in FIGURES if has(n)] + [tables / f"{n}.tex" for n in (*TABLES, "regime") if has(n)]
 
 
 def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str | Path = "figures",

@@ -85,22 +85,32 @@ def mean_sd(values: pd.Series, fmt: str) -> str:
     return f"{number(v.mean(), fmt)} $\\pm$ {number(v.std(ddof=1), fmt)}"
 
 
-def end_to_end(training: pd.DataFrame, out, profile: str) -> None:
-    """Tokens/s, speedup over BF16, losses and TP bytes per step of every training run."""
+def end_to_end(training: pd.DataFrame, out, profile: str, throughput: pd.DataFrame | None = None) -> None:
+    """Tokens/s and speedup over BF16 (from the throughput runs, where given: see .regime), losses and
+    TP bytes per step of every training run."""
     training = with_series(training)
+    speed = training if throughput is None else with_series(throughput)
     rows = []
     for comm in _order(training.series):
-        g = training[training.series == comm]
+        g, t = training[training.series == comm], speed[speed.series == comm]
         per_step = (g.fwd_bytes_sent + g.bwd_bytes_sent) / g.steps
-        rows.append([_tex(comm), str(len(g)), mean_sd(g.tokens_per_s, ".1f"), mean_sd(g.speedup_vs_bf16, ".3f"),
-                     mean_sd(g.final_loss, ".4f"), mean_sd(g.val_loss, ".4f"), number(per_step.mean() / 2**20, ".3f")])
+        rows.append([_tex(comm), str(len(g)), str(len(t)), mean_sd(t.tokens_per_s, ".1f"),
+                     mean_sd(t.speedup_vs_bf16, ".3f"), mean_sd(g.final_loss, ".4f"), mean_sd(g.val_loss, ".4f"),
+                     number(per_step.mean() / 2**20, ".3f")])
     first = training.iloc[0]
+    if throughput is None:
+        speed_note = "tokens/s: the training runs'; speedup: over BF16's tokens/s of the same seed. "
+    else:
+        fast = speed.iloc[0]
+        speed_note = (f"tokens/s: n tok/s throughput runs of {fast.steps} steps (the first {fast.warmup_steps} left out), "
+                      f"sequence {fast.seq_len} x batch {fast.batch_size}, on {_tex(fast.network)}; speedup: over "
+                      "the mean BF16 tokens/s of those runs. ")
     caption = (f"End-to-end training of {_tex(first.model)} (TP={first.tp}, DP={first.dp}, {first.steps} steps): "
-               "mean $\\pm$ sample SD over the n seeds. Final loss: the mean training loss of the last 10 steps; "
-               "val loss: the mean over the held-out batches after the last step; speedup: tokens/s over BF16's "
-               "of the same seed. " + _where(training, profile))
-    _write(out, training, profile, ["TP comm (+compute)", "n", "tokens/s", "speedup", "final loss", "val loss", "MiB sent/step"],
-           rows, caption, "tab:end_to_end")
+               "mean $\\pm$ sample SD over the n runs. Final loss: the mean training loss of the last 10 steps; "
+               "val loss: the mean over the held-out batches after the last step; " + speed_note
+               + _where(training, profile))
+    _write(out, training, profile, ["TP comm (+compute)", "n", "n tok/s", "tokens/s", "speedup", "final loss",
+                                    "val loss", "MiB sent/step"], rows, caption, "tab:end_to_end")
 
 
 def model_validation(df: pd.DataFrame, out, profile: str) -> None:

@@ -34,8 +34,8 @@ def make_run(path, comm, seed=0, steps=10, split=True):
 
 def test_breakdown_parts_sum_to_the_step_and_skip_the_first_steps(tmp_path):
     runs = [make_run(tmp_path / f"{c}{s}", c, s) for c in ("bf16", "fp4quant") for s in (0, 1)]
-    df = collect.breakdown(runs, "cpu")
-    assert set(df.part) == set(collect.BREAKDOWN_PARTS) and df.step.min() == 2  # 20% of 10, at least 2
+    df = collect.breakdown(runs, "cpu", warmup=2)
+    assert set(df.part) == set(collect.BREAKDOWN_PARTS) and df.step.min() == 2  # the warm-up steps left out
     per_step = df.groupby(["run", "step"]).seconds.sum()
     want = {i: 0.1 + 0.01 * (i % 2) for i in range(10)}
     assert all(v == pytest.approx(want[step]) for (_, step), v in per_step.items())
@@ -44,7 +44,7 @@ def test_breakdown_parts_sum_to_the_step_and_skip_the_first_steps(tmp_path):
     assert fp4["wire"] == pytest.approx(0.04)
     assert df.network.iloc[0] == "emulated 2 nodes, 60 Mbit/s links, latency not shaped"
     old = make_run(tmp_path / "old", "fp4quant", split=False)  # written before the split: no rows
-    assert len(collect.breakdown([old], "cpu")) == 0
+    assert len(collect.breakdown([old], "cpu", warmup=2)) == 0
     out = tmp_path / "breakdown.pdf"
     figures.breakdown(df, out, "cpu")
     assert out.read_bytes().startswith(b"%PDF") and read_stamp(out)["commit"] == ORIGIN["commit"]

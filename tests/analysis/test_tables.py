@@ -40,6 +40,6 @@ def test_end_to_end_reports_mean_and_sd_over_seeds(tmp_path):
     tex = out.read_text()
     row = next(line for line in tex.splitlines() if line.startswith("fp4quant"))
     cells = [c.strip() for c in row.rstrip("\\ ").split("&")]
-    assert cells[1] == "3" and cells[2] == "2010.0 $\\pm$ 10.0" and cells[4] == "2.5200 $\\pm$ 0.0200"
+    assert cells[1:4] == ["3", "3", "2010.0 $\\pm$ 10.0"] and cells[5] == "2.5200 $\\pm$ 0.0200"
     assert "last 10 steps" in tex and "sample SD" in tex
     assert tables.mean_sd(pd.Series([1.5]), ".2f") == "1.50"

@@ -77,13 +77,25 @@ def test_whole_pipeline_at_ci_scale(tmp_path):
     assert {"compute", "codec", "communication", "total"} <= set(validation.component)
     assert (tmp_path / "data" / "ci" / "tests" / "junit.xml").read_text().count("testcase") > 5
 
-    # the tables' numbers are the CSVs' numbers
-    training = pd.read_csv(results / "training.csv")
+    # the tables' numbers are the CSVs' numbers: losses from the training runs, tokens/s from the
+    # throughput runs (on the emulated cluster, or loopback where it cannot be built)
+    training = pd.read_csv(results / "training.csv").set_index("comm")
+    throughput = pd.read_csv(results / "throughput.csv").set_index("comm")
+    assert (throughput.steps == 2).all() and (throughput.seq_len == 128).all()
+    assert set(throughput.run.str.split("/").str[2]) == {"cluster"}  # data/ci/cluster/throughput/...
     rows = {r[0]: r for r in table_rows(tmp_path / "paper/tables/end_to_end.tex")}
-    assert set(rows) == set(training.comm)
-    for t in training.itertuples():  # one seed at CI scale: the mean alone
-        assert rows[t.comm][1:6] == ["1", number(t.tokens_per_s, ".1f"), number(t.speedup_vs_bf16, ".3f"),
-                                     number(t.final_loss, ".4f"), number(t.val_loss, ".4f")]
+    assert set(rows) == set(training.index)
+    for comm, t in throughput.iterrows():  # one seed at CI scale: the mean alone
+        assert rows[comm][1:7] == ["1", "1", number(t.tokens_per_s, ".1f"), number(t.speedup_vs_bf16, ".3f"),
+                                   number(training.loc[comm, "final_loss"], ".4f"),
+                                   number(training.loc[comm, "val_loss"], ".4f")]
+    regime = pd.read_csv(results / "regime.csv")
+    assert set(zip(regime.source, regime.comm)) >= {("projected", "bf16"), ("predicted", "fp4quant"),
+                                                    ("measured", "bf16"), ("measured", "fp4quant")}
+    tex = table_rows(tmp_path / "paper/tables/regime.tex")
+    assert [r[5:] for r in tex] == [[number(100 * r[f"{c}_share"], ".0f") for c in ("compute", "codec", "bandwidth",
+                                                                                  "latency")]
+                                    for _, r in regime.iterrows()]
     error = pd.read_csv(results / "error.csv")
     presets = error[error.study == "presets"]
     for row in table_rows(tmp_path / "paper/tables/formats.tex"):
@@ -111,7 +123,8 @@ def test_whole_pipeline_at_ci_scale(tmp_path):
     r = subprocess.run([*SNAKEMAKE, "-n", "--cores", "2", "--configfile", str(REPO / "workflow/config/ci.yaml")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert "Params have changed since last execution" in r.stdout
-    for rule in ("build_extension", "prepare_data", "cluster_train", "collect_results", "figure", "table"):
+    for rule in ("build_extension", "prepare_data", "train", "cluster_train", "collect_results", "collect_throughput",
+                 "regime", "figure", "table"):
         assert f"rule {rule}:" in r.stdout
 
 

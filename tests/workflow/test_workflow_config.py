@@ -79,6 +79,12 @@ def test_the_shipped_configurations_pass():
      "cluster.nodes: 4 does not divide train.tp: 2 (each emulated node runs tp / nodes ranks of the TP group)"),
     (lambda c: (c["cluster"].update(enabled=False), c["train"].update(tp=4)),
      "train.tp: 4 does not divide the launcher's 2 ranks (1 node(s) x launcher.nproc_per_node 2)"),
+    (lambda c: c["cluster"].pop("throughput"), "cluster.throughput is missing (required where cluster.enabled is true"),
+    (lambda c: c["cluster"]["throughput"].pop("warmup_steps"), "cluster.throughput.warmup_steps is missing (required)"),
+    (lambda c: c["cluster"]["throughput"].update(warmup_steps=2),
+     "cluster.throughput.warmup_steps: 2 leaves none of the 2 steps to measure"),
+    (lambda c: c["cluster"]["throughput"].update(comms=["bf61"]),
+     "cluster.throughput.comms[0]: 'bf61' is not a TP communication preset (did you mean bf16?)"),
 ])
 def test_a_mistake_is_one_line_naming_the_key(change, message):
     assert error_of(with_change(change)).startswith(message)

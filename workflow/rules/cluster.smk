@@ -1,6 +1,6 @@
 # The scale model of a multi-node cluster (fp4quant.cluster): calibration, the collective
-# benchmark and the training runs on emulated nodes joined by shaped links, and the
-# performance model's validation and H100 projection.  Without root or iproute2 the runs
+# benchmark and the throughput runs (throughput.smk) on emulated nodes joined by shaped links,
+# and the performance model's validation and H100 projection.  Without root or iproute2 the runs
 # fall back to loopback, say so in one line, and record it (cluster.json) for the figures.
 
 CDIR = f"{OUT}/cluster"
@@ -14,9 +14,9 @@ rule cluster_calibration:
     log:
         f"{OUT}/logs/cluster_calibration.log",
     threads: workflow.cores
-    shell:
-        "{PY} -m fp4quant.cluster calibrate --model {TRAIN[model]} --seq-len {TRAIN[seq_len]}"
-        " --batch-size {TRAIN[batch_size]} --tp {TRAIN[tp]} --out {output} 2> {log}"
+    shell:  # at the throughput runs' shape: the FLOP/s, so the dilation, depend on it
+        "{PY} -m fp4quant.cluster calibrate --model {TRAIN[model]} --seq-len {THROUGHPUT[seq_len]}"
+        " --batch-size {THROUGHPUT[batch_size]} --tp {TRAIN[tp]} --out {output} 2> {log}"
 
 
 # 20 timed iterations (fewer above 3 MiB: --budget-mib, but at least 5 for the figure's
@@ -39,21 +39,22 @@ rule cluster_collectives:
         " --presets fp4quant --algorithms two_shot one_shot --no-chunk-sweep --iters 20 --min-iters 5 --budget-mib 64 > {log} 2>&1"
 
 
+# A throughput run: a few steps of the throughput shape (throughput.smk) on the emulated cluster.
 rule cluster_train:
     input:
         cal=rules.cluster_calibration.output,
         data=rules.prepare_data.output.meta,
     output:
-        summary=f"{CDIR}/runs/{MODEL}/{{comm}}/seed{{seed}}/summary.json",
-        log=f"{CDIR}/runs/{MODEL}/{{comm}}/seed{{seed}}/log.jsonl",
-        record=f"{CDIR}/runs/{MODEL}/{{comm}}/seed{{seed}}/cluster.json",
+        summary=f"{CDIR}/throughput/{MODEL}/{{comm}}/seed{{seed}}/summary.json",
+        log=f"{CDIR}/throughput/{MODEL}/{{comm}}/seed{{seed}}/log.jsonl",
+        record=f"{CDIR}/throughput/{MODEL}/{{comm}}/seed{{seed}}/cluster.json",
     log:
         f"{OUT}/logs/cluster_train_{{comm}}_seed{{seed}}.log",
     params:
-        args=train_args,
-        run=lambda wc: run_dir(wc.comm, wc.seed),
+        args=lambda wc: throughput_args(wc),
+        run=lambda wc: throughput_dir(wc.comm, wc.seed),
         nproc=lambda wc: TRAIN["tp"] // NODES,
-        fresh=lambda wc, input: fresh_run(wc, f"cluster --nodes {NODES} {train_args(wc)}", input),
+        fresh=lambda wc, input: fresh_run(wc, f"cluster --nodes {NODES} {throughput_args(wc)}", input, throughput_dir),
     threads: workflow.cores
     shell:
         "{params.fresh} > {log} 2>&1 && {PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES}"
@@ -65,13 +66,13 @@ rule projection:
     input:
         cal=rules.cluster_calibration.output,
         collectives=rules.cluster_collectives.output.csv,
-        runs=[f"{d}/summary.json" for d in RUN_DIRS],
+        runs=[f"{d}/summary.json" for d in THROUGHPUT_DIRS],
     output:
         f"{OUT}/results/projection.csv",
     log:
         f"{OUT}/logs/projection.log",
     params:
-        runs=RUN_DIRS,
+        runs=THROUGHPUT_DIRS,
         gpu=f"--gpu-kernels {CLUSTER['gpu_kernels']}" if CLUSTER.get("gpu_kernels") else "",
     shell:
         "{PY} -m fp4quant.perfmodel --calibration {input.cal} --collectives {input.collectives}"

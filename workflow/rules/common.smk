@@ -15,15 +15,19 @@ ABLATIONS = config.get("ablations", [])
 RUN_COMMS = list(dict.fromkeys(TRAIN["comms"] + ABLATIONS))  # ablations train too
 QUICK = config["bench"].get("quick", False)
 
-# Training runs on the emulated multi-node cluster (falling back to loopback where it cannot
-# be built) unless cluster.enabled is false (e.g. on a real cluster).
+# The training runs (convergence, ablations) run with the launcher: their wall time is no
+# result.  Throughput comes from short dedicated runs (cluster.throughput) on the emulated
+# multi-node cluster, every component dilated (falling back to loopback where it cannot be
+# built), unless cluster.enabled is false (e.g. on a real cluster: there the training runs'
+# own tokens/s are the throughput).
 CLUSTER = config.get("cluster", {})
 EMULATED = CLUSTER.get("enabled", False)
 NODES = CLUSTER.get("nodes", 2)
+THROUGHPUT = CLUSTER.get("throughput", {})
 
 FIGURE_NAMES = ["throughput", "kernels", "allreduce", "convergence", "error", "sensitivity", "breakdown"] + (
     ["projection", "validation"] if EMULATED else [])
-TABLE_NAMES = ["formats", "ablation", "end_to_end"] + (["model_validation"] if EMULATED else [])
+TABLE_NAMES = ["formats", "ablation", "end_to_end"] + (["model_validation", "regime"] if EMULATED else [])
 FIGURES = expand("figures/{name}.pdf", name=FIGURE_NAMES) + ["figures/traffic.pdf"]  # traffic: its own rule
 TABLES = expand("paper/tables/{name}.tex", name=TABLE_NAMES)
 HAVE_LATEXMK = shutil.which("latexmk") is not None
@@ -44,7 +48,22 @@ PROVENANCE_KEY = f"{git_commit()}, torch {torch.__version__}" + (
 
 def run_dir(comm, seed):
     """The folder of the training run of one TP communication preset and seed."""
-    return f"{OUT}/{'cluster/' if EMULATED else ''}runs/{MODEL}/{comm}/seed{seed}"
+    return f"{OUT}/runs/{MODEL}/{comm}/seed{seed}"
+
+
+def throughput_dir(comm, seed):
+    """The folder of a throughput run on the emulated cluster (one repeat per seed)."""
+    return f"{OUT}/cluster/throughput/{MODEL}/{comm}/seed{seed}"
+
+
+def throughput_args(wildcards):
+    """A throughput run's trainer flags: the training runs' options at the throughput shape and
+    steps, no checkpoint before the last step and no evaluation (their time is no result)."""
+    shape = {k: THROUGHPUT[k] for k in ("steps", "seq_len", "batch_size")}
+    return train_args(wildcards, {**TRAIN, **shape, "checkpoint_every": THROUGHPUT["steps"], "eval_batches": 0})
+
+
+THROUGHPUT_DIRS = [throughput_dir(c, s) for c in THROUGHPUT.get("comms", []) for s in THROUGHPUT.get("seeds", [])]
 
 
 ABLATION_SEEDS = TRAIN.get("ablation_seeds", TRAIN["seeds"])
@@ -71,11 +90,11 @@ RUN_VARIANTS = [variant(c, k) for c in RUN_COMMS for k in (COMPUTES if c in TRAI
 RUN_DIRS = [run_dir(v, s) for v in RUN_VARIANTS for s in seeds_of(v.partition("+")[0])]
 
 
-def fresh_run(wildcards, args, inputs):
-    """The command that empties a run folder unless it holds a run of exactly this job (same
-    provenance key, arguments and input files), which the trainer then resumes after an interruption."""
+def fresh_run(wildcards, args, inputs, folder=run_dir):
+    """The command that empties a run folder (``folder(comm, seed)``) unless it holds a run of exactly
+    this job (same provenance key, arguments and input files), which the trainer then resumes after an interruption."""
     key = json.dumps({"provenance": PROVENANCE_KEY, "args": args})
-    return (f"{PY} {BASE}/workflow/scripts/fresh_run.py {run_dir(wildcards.comm, wildcards.seed)} {shlex.quote(key)} "
+    return (f"{PY} {BASE}/workflow/scripts/fresh_run.py {folder(wildcards.comm, wildcards.seed)} {shlex.quote(key)} "
             + " ".join(inputs))
 
 

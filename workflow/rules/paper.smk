@@ -8,6 +8,7 @@ RESULTS = f"{OUT}/results"
 rule figure:
     input:
         rules.collect_results.output,
+        rules.collect_throughput.output,
         rules.projection_sensitivity.output,
         [f"{OUT}/results/projection.csv", f"{OUT}/results/model_validation.csv"] if EMULATED else [],
     output:
@@ -25,6 +26,8 @@ rule table:
     input:
         rules.collect_results.output,
         [f"{OUT}/results/model_validation.csv"] if EMULATED else [],
+        rules.collect_throughput.output,
+        rules.regime.output if EMULATED else [],
     output:
         "paper/tables/{name}.tex",
     wildcard_constraints:

@@ -10,8 +10,7 @@ rule collect_results:
         tests=rules.unit_tests.output.junit,
         cluster=[f"{OUT}/cluster/collectives.csv", f"{OUT}/cluster/collectives.cluster.json"] if EMULATED else [],
     output:
-        expand(f"{OUT}/results/{{name}}.csv", name=["training", "curves", "error", "kernels", "collectives", "ablation",
-                                                   "breakdown"] + (["collectives_emulated"] if EMULATED else [])),
+        expand(f"{OUT}/results/{{name}}.csv", name=["training", "curves", "error", "kernels", "collectives", "ablation"] + (["collectives_emulated"] if EMULATED else [])),
     log:
         f"{OUT}/logs/collect_results.log",
     params:

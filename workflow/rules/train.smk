@@ -21,7 +21,9 @@ TRAIN_OPTIONS = ("model", "tp", "compress", "algorithm", "steps", "seq_len", "ba
                  "eval_batches", "sequence_parallel", "activation_checkpointing")
 
 
-def train_args(wildcards):
+def train_args(wildcards, train=None):
+    """The trainer's flags for a run (``train``: the options, default the configuration's train)."""
+    train = TRAIN if train is None else train
     # a run folder "<comm>[@<compress>][+<compute>]" (fp4quant.train.config.run_name)
     comm, compress, compute = parse_run_name(wildcards.comm)
     flags = [f"--comm {comm}", f"--seed {wildcards.seed}", f"--data {OUT}/tokens"]
@@ -30,7 +32,7 @@ def train_args(wildcards):
     if compress != "both":  # the run's own directions, over train.compress
         flags.append(f"--compress {compress}")
     for key in TRAIN_OPTIONS:
-        value = TRAIN.get(key)
+        value = train.get(key)
         if key == "compress" and compress != "both":
             continue
         flag = "--" + key.replace("_", "-")

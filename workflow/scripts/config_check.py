@@ -93,6 +93,19 @@ def check_presets(config: dict[str, Any]) -> None:
             parse_run_name(comm)
         except TrainConfigError as exc:
             raise ConfigError(f"train.comms[{i}]: {exc}") from None
+    cluster = config.get("cluster", {})
+    if cluster.get("enabled", False):
+        if "throughput" not in cluster:
+            raise ConfigError("cluster.throughput is missing (required where cluster.enabled is true: "
+                              "the throughput runs on the emulated cluster)")
+        run = cluster["throughput"]
+        if run["warmup_steps"] >= run["steps"]:
+            raise ConfigError(f"cluster.throughput.warmup_steps: {run['warmup_steps']} leaves none of the "
+                              f"{run['steps']} steps to measure")
+        for i, comm in enumerate(run["comms"]):
+            if comm not in TRAIN_COMMS:
+                raise ConfigError(f"cluster.throughput.comms[{i}]: {comm!r} is not a TP communication preset"
+                                  + did_you_mean(comm, TRAIN_COMMS))
     for i, preset in enumerate(config["bench"].get("collective_presets", [])):
         if preset not in BENCH_PRESETS:
             raise ConfigError(f"bench.collective_presets[{i}]: the collective benchmark does not measure {preset!r}"
