@@ -53,6 +53,31 @@ class TargetCluster:
     # (the performance model's H100 assumption, perfmodel.machines.H100_CODEC_EFFICIENCY)
 
 
+def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps: int,
+                      paced: bool = False) -> list[float]:
+    """Seconds of each of ``steps`` whole training steps (forward, backward, AdamW step) of one
+    TP rank's shard, after a warm-up step (not returned); ``paced``: each after an idle gap as
+    long as the previous step (as a run's compute between link waits)."""
+    cfg = ModelConfig.preset(model)
+    # One rank's shard of the model (built for a TP group of `tp`), then run as if alone:
+    # at world 1 the mappings send nothing, so this times exactly a rank's compute.
+    net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
+    net.tp.world = 1
+    ids = torch.randint(0, cfg.vocab_size // tp, (batch_size, seq_len))  # ids within the local vocabulary
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    times: list[float] = []
+    for _ in range(steps + 1):
+        if paced and times:
+            time.sleep(times[-1])
+        t0 = time.perf_counter()
+        net.loss(ids, ids).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return times[1:]
+
+
 def measure_training_flops(model: str, seq_len: int, batch_size: int, tp: int, threads: int = 1,
                            steps: int = 6) -> float:
     """Sustained FLOP/s of one TP rank's whole training step (forward, backward, AdamW step on
@@ -60,23 +85,9 @@ def measure_training_flops(model: str, seq_len: int, batch_size: int, tp: int, t
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        cfg = ModelConfig.preset(model)
-        # One rank's shard of the model (built for a TP group of `tp`), then run as if alone:
-        # at world 1 the mappings send nothing, so this times exactly a rank's compute.
-        net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
-        net.tp.world = 1
-        ids = torch.randint(0, cfg.vocab_size // tp, (batch_size, seq_len))  # ids within the local vocabulary
-        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
-        times = []
-        for _ in range(steps + 1):
-            t0 = time.perf_counter()
-            net.loss(ids, ids).backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            times.append(time.perf_counter() - t0)
-        seconds = sorted(times[1:])[len(times[1:]) // 2]
-        return cfg.flops_per_token(seq_len) * batch_size * seq_len / tp / seconds
+        times = rank_step_seconds(model, seq_len, batch_size, tp, steps)
+        seconds = sorted(times)[len(times) // 2]
+        return ModelConfig.preset(model).flops_per_token(seq_len) * batch_size * seq_len / tp / seconds
     finally:
         torch.set_num_threads(previous)
 

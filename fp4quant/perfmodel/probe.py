@@ -44,11 +44,9 @@ import torch
 import torch.distributed as dist
 
 from .. import comm, ops
-from ..cluster.calibrate import measure_training_flops
+from ..cluster.calibrate import measure_training_flops, rank_step_seconds
 from ..format.config import QuantConfig
-from ..models import Qwen2ForCausalLM
 from ..models.config import ModelConfig
-from ..parallel import TPCommunicator
 from ..provenance import atomic_write_json, provenance
 from ..comm import RandomStreams
 from ..threads import pin_threads
@@ -67,24 +65,9 @@ def _median_s(fn: Callable[[], object], repeats: int) -> float:
 
 
 def paced_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps: int) -> list[float]:
-    """Seconds of each of ``steps`` training steps of one TP rank (its shard alone, as
-    fp4quant.cluster.calibrate.measure_training_flops), each after an idle gap as long as
-    the previous step (a warm-up step first, not returned)."""
-    cfg = ModelConfig.preset(model)
-    net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
-    net.tp.world = 1  # at world 1 the mappings send nothing: exactly a rank's compute
-    ids = torch.randint(0, cfg.vocab_size // tp, (batch_size, seq_len))
-    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    times: list[float] = []
-    for _ in range(steps + 1):
-        time.sleep(times[-1] if times else 0.0)
-        t0 = time.perf_counter()
-        net.loss(ids, ids).backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
-    return times[1:]
+    """Seconds of each of ``steps`` training steps of one TP rank (its shard alone), each after
+    an idle gap as long as the previous step (a warm-up step first, not returned)."""
+    return rank_step_seconds(model, seq_len, batch_size, tp, steps, paced=True)
 
 
 def skew_seconds(per_rank: list[list[float]]) -> float:
