@@ -25,7 +25,7 @@ test: $(STAMP)
 # Every figure and table of the paper from the default (CPU) configuration of the workflow,
 # computed on this machine (committed reference results live under reference/, apart).
 figures: $(STAMP)
-	$(VENV)/bin/snakemake --cores all $(SNAKEMAKE_ARGS)
+	$(VENV)/bin/snakemake --cores all --configfile workflow/config/installed.yaml $(SNAKEMAKE_ARGS)
 
 # Remove what `make figures` produced (profile cpu; FIGURES_PROFILE=<profile> for another),
 # checkpoints included, so that the next run computes everything afresh.

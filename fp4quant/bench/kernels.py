@@ -228,6 +228,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default=None, help="torch thread counts, e.g. 1,2 (default: 1 and all)")
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds of timed runs per case (at least 5 runs)")
     ap.add_argument("--reference-max-mib", type=int, default=64, help="largest size the slow reference is timed at")
+    ap.add_argument("--max-mib", type=int, default=None, help="largest size measured (default: all, up to 256 MiB)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -238,6 +239,10 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     out = args.out or f"data/kernels_{device.type}.csv"
     sizes = QUICK_SIZES if args.quick else SIZES
+    if args.max_mib is not None:
+        sizes = [s for s in sizes if s <= args.max_mib * MiB]
+        if not sizes:
+            ap.error(f"--max-mib {args.max_mib} leaves no size to measure (the smallest is {min(SIZES) // 1024} KiB)")
     presets = ["fp4quant", "no_fwht", "naive_pack", "nvfp4"] if args.quick else PRESETS_MEASURED
     native = ops.extension()[0]
     isa = native.cpu_isa() if native is not None else None

@@ -42,3 +42,12 @@ def test_quick_run_writes_csv_limits_and_summary(tmp_path):
 def test_bad_thread_counts_are_refused():
     with pytest.raises(SystemExit):
         kernels.main(["--threads", "0", "--quick"])
+
+
+def test_max_mib_keeps_the_smaller_sizes_and_refuses_none(tmp_path, capsys):
+    out = tmp_path / "k.csv"
+    assert kernels.main(["--quick", "--threads", "1", "--max-mib", "1", "--out", str(out)]) == 0
+    assert set(pd.read_csv(out).size_bytes) == set(kernels.QUICK_SIZES)
+    with pytest.raises(SystemExit):
+        kernels.main(["--quick", "--max-mib", "0", "--out", str(out)])
+    assert "--max-mib 0 leaves no size to measure" in capsys.readouterr().err

@@ -28,9 +28,10 @@ rule kernel_benchmark:
     params:
         device=config["bench"]["kernels_device"],
         quick="--quick" if QUICK else "",
+        max_mib=f"--max-mib {config['bench']['kernels_max_mib']}" if config["bench"].get("kernels_max_mib") else "",
     threads: workflow.cores
     shell:
-        "{PY} -m fp4quant.bench.kernels --device {params.device} --out {output.csv} {params.quick} 2> {log}"
+        "{PY} -m fp4quant.bench.kernels --device {params.device} --out {output.csv} {params.quick} {params.max_mib} 2> {log}"
 
 
 rule collective_benchmark:

@@ -36,7 +36,7 @@ rule cluster_collectives:
     shell:
         "{PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES} --record {output.record} --"
         " -m fp4quant.bench.collectives --out {output.csv} --dtype bfloat16 --sizes {params.sizes}"
-        " --presets fp4quant --algorithms two_shot one_shot --no-chunk-sweep --iters 20 --min-iters 5 --budget-mib 64 > {log} 2>&1"
+        " --presets fp4quant --algorithms two_shot --no-chunk-sweep --iters 20 --min-iters 5 --budget-mib 64 > {log} 2>&1"
 
 
 # A throughput run: a few steps of the throughput shape (throughput.smk) on the emulated cluster.
