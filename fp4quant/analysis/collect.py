@@ -88,6 +88,8 @@ def ablation(name: str, error: pd.DataFrame, kernels: pd.DataFrame, runs: pd.Dat
         rows.append({"ablation": name, "measure": f"sqnr_db/{kind}", "fp4quant": float(ours.sqnr_db.iloc[0]),
                      "ablated": float(abl.sqnr_db.iloc[0])})
     q = kernels[(kernels.op == "quantize") & (kernels.impl.isin(["native", "reference"]))]
+    if (q.impl == "native").any():  # the reference is timed too (at the same sizes), as a baseline only
+        q = q[q.impl == "native"]
     if "threads" in q and len(q):  # all threads, as the runs use them
         q = q[q.threads == q.threads.max()]
     if len(q):

@@ -20,12 +20,15 @@ from .origin import MixedOrigin, check_same_origin, read_stamp
 from .tables import TABLES
 
 SKIPPED_DIRS = {"tokens", "checkpoints", ".snakemake", "traffic"}  # large, and rebuilt by any run (traffic: captured tensors)
+# the workflow's resume key of a run folder (workflow/scripts/fresh_run.py): bookkeeping that
+# names this machine's paths, no result
+SKIPPED_FILES = {"workflow_job.json"}
 
 
 def run_files(data: Path) -> list[Path]:
     """The files of one profile's run worth keeping (not token files, checkpoints, temporaries)."""
     return sorted(p for p in data.rglob("*") if p.is_file() and not SKIPPED_DIRS & set(p.relative_to(data).parts)
-                  and not p.name.startswith(".") and not p.name.endswith(".tmp"))
+                  and p.name not in SKIPPED_FILES and not p.name.startswith(".") and not p.name.endswith(".tmp"))
 
 
 def made_from_run(figures: Path, tables: Path, data: Path) -> list[Path]:

@@ -34,6 +34,7 @@ def complete_run(tmp_path_factory) -> Path:
                      [{**r, "commit": origin.commit, "torch": origin.torch} for r in sensitivity.sweep()])
     (data / "tokens").mkdir()
     (data / "tokens/tokens.bin").write_bytes(b"\0" * 64)  # never frozen
+    (data / "cluster/runs/tiny/bf16/seed0/workflow_job.json").write_text('{"key": "/home/someone/fp4quant ..."}')  # nor this
     bench = data / "bench"
     runs = [str(p) for p in sorted((data / "cluster/runs/tiny").glob("*/seed0"))]
     assert main(["collect", "--profile", "cpu", "--runs", *runs, "--error", str(bench / "error.csv"),
@@ -66,6 +67,7 @@ def test_a_complete_run_is_frozen_with_a_readme(complete_run, tmp_path):
     assert (to / "data/cpu/results/training.csv").read_bytes() == (complete_run / "data/cpu/results/training.csv").read_bytes()
     assert (to / "data/cpu/cluster/runs/tiny/fp4quant/seed0/log.jsonl").exists()
     assert not (to / "data/cpu/tokens").exists()
+    assert not (to / "data/cpu/cluster/runs/tiny/bf16/seed0/workflow_job.json").exists()
     readme = (to / "README.md").read_text()
     assert "AMD EPYC, 2 cores (CPU)" in readme and "b82b982c63ea3095b56c3dc3adc93120accbd3de" in readme
     assert "produced by: `make figures`" in readme and "torch: 2.13.0+cpu" in readme

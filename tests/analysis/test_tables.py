@@ -30,6 +30,19 @@ def test_ablation_sqnr_changes_in_db_the_rest_relative_and_paired_by_seed():
     assert tables.change(rows["sqnr_db/gaussian"]) == "+7.50 dB" and tables.change(rows["final_loss"]) == r"+10.0\%"
 
 
+def test_ablation_kernel_speed_compares_native_kernels_not_the_reference():
+    error = pd.DataFrame([{**ORIGIN, "study": "presets", "kind": "gaussian", "config": c, "sqnr_db": 20.0}
+                          for c in ("fp4quant", "no_fwht")])
+    # the benchmark times the pure-PyTorch reference (fp4quant only) beside the kernels
+    kernels = pd.DataFrame([{**ORIGIN, "op": "quantize", "impl": i, "preset": p, "size_bytes": 1 << 26, "threads": 2, "gbps": g}
+                            for i, p, g in (("reference", "fp4quant", 0.03), ("native", "fp4quant", 9.0),
+                                            ("native", "no_fwht", 13.5))])
+    r = runs([("fp4quant", 0, 2.0, 100.0), ("no_fwht", 0, 2.1, 100.0)])
+    df = collect.ablation("no_fwht", error, kernels, r).set_index("measure")
+    assert df.loc[f"quantize_gbps/{1 << 26}", "fp4quant"] == 9.0
+    assert df.loc[f"quantize_gbps/{1 << 26}", "change"] == pytest.approx(0.5)
+
+
 def test_end_to_end_reports_mean_and_sd_over_seeds(tmp_path):
     r = runs([("bf16", s, 2.4 + 0.01 * s, 700.0 + s) for s in range(3)]
              + [("fp4quant", s, 2.5 + 0.02 * s, 2000.0 + 10 * s) for s in range(3)])
