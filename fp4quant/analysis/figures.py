@@ -396,7 +396,7 @@ def sensitivity(df: pd.DataFrame, out, profile: str) -> None:
     _finish(fig, df, profile, out)
 
 
-VALIDATION_PARTS = ("compute", "codec", "communication", "total")
+VALIDATION_PARTS = ("compute", "codec", "communication", "scalar", "total")
 
 
 def validation(df: pd.DataFrame, out, profile: str) -> None:

@@ -125,6 +125,7 @@ def model_validation(df: pd.DataFrame, out, profile: str) -> None:
     caption = ("The step model against training runs measured on the emulated cluster, part by part: "
                "milliseconds per step (measured: mean $\\pm$ SD over the steady steps, from the trainer's timers; "
                "predicted: from a probe of the same links and ranks, nothing fitted to the runs). "
-               "Compute is the step less codec and communication. " + _where(df, profile))
+               "Scalar: the trainer's small uncompressed all-reduces (loss statistics, gradient norm, non-finite check); "
+               "compute is the step less codec, communication and scalar. " + _where(df, profile))
     _write(out, df, profile, ["configuration", "component", "measured (ms)", "predicted (ms)", "error"], rows, caption,
            "tab:model_validation")

@@ -21,6 +21,7 @@ this rank's contribution to every collective of a captured step.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +96,9 @@ class TPCommunicator:
         self.world = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if group is not None and dist.is_initialized() else 0
         self.virtual = False
+        # seconds spent in all_reduce_exact (a dilated latency and a wait for a slower peer
+        # included): the trainer's timer of its uncompressed all-reduces reads it
+        self.exact_allreduce_s = 0.0
 
     def __deepcopy__(self, memo) -> TPCommunicator:
         # a handle on a process group and the one owner of its streams: shared, never copied
@@ -164,7 +168,9 @@ class TPCommunicator:
         """Uncompressed all-reduce for the small, exact reductions (softmax statistics, norms)."""
         self._check_real()
         if self.world > 1:
+            t0 = time.perf_counter()
             if self.config.dilation is not None:
                 self.config.dilation.wire_steps(2 * (self.world - 1))  # a ring, as comm.all_reduce's
             dist.all_reduce(x, op=op, group=self.group)
+            self.exact_allreduce_s += time.perf_counter() - t0
         return x

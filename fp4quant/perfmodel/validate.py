@@ -10,16 +10,18 @@ the first step's cross-rank validation), the trainer's own timers give
 
 measured   total = step_time_s; codec = the codec timers (quantize_s + dequantize_s of
            both directions); communication = comm_s of both directions (blocking: all of
-           it is exposed, waiting for a slower peer included); compute = total - codec -
-           communication (with the scalar all-reduces and everything else outside the
-           compressed collectives)
+           it is exposed, waiting for a slower peer included); scalar = scalar_comm_s, the
+           trainer's small uncompressed all-reduces (loss statistics, gradient norm,
+           non-finite check; a wait for a slower peer included); compute = total - codec -
+           communication - scalar (everything else; logs without scalar_comm_s count the
+           scalar all-reduces in compute, on both sides)
 
 and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone: FLOP/s
 of a rank while all compute, the codec at the all-reduce's shapes and rounding, the link
 fitted to its all-reduces (model.fit_link) with the token bucket's depth from the record,
 the scalar all-reduce's time, the ranks' skew (a rank's wait for a slower one, which the
 trainer's timers count as communication).  Nothing is fitted to the training runs.  Rows: config,
-comm, component (compute, quantize, dequantize, codec, communication, total),
+comm, component (compute, quantize, dequantize, codec, communication, scalar, total),
 measured_s (mean over the steady steps) and its SD, predicted_s, rel_error
 (predicted / measured - 1).
 
@@ -39,7 +41,7 @@ from ..models.config import ModelConfig
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
 from .model import Machine, Workload, fit_link, step
 
-COMPONENTS = ("compute", "quantize", "dequantize", "codec", "communication", "total")
+COMPONENTS = ("compute", "quantize", "dequantize", "codec", "communication", "scalar", "total")
 # keys under which an emulation that stretches the codec (sleeps in proportion) records its factor
 CODEC_STRETCH_KEYS = ("codec_stretch", "codec_dilation")
 
@@ -74,6 +76,7 @@ def measured_components(records: list[dict]) -> dict[str, list[float]]:
     """Per step: each component's seconds (see the module doc)."""
     out: dict[str, list[float]] = {c: [] for c in COMPONENTS}
     split = True
+    scalar_timed = all("scalar_comm_s" in r for r in records)
     for r in records:
         codec = quant = dequant = comm = 0.0
         for d in ("fwd", "bwd"):
@@ -85,11 +88,14 @@ def measured_components(records: list[dict]) -> dict[str, list[float]]:
             else:
                 quant, dequant = quant + q, dequant + dq
         total = r["step_time_s"]
-        for name, value in (("total", total), ("codec", codec), ("communication", comm),
-                            ("compute", total - codec - comm), ("quantize", quant), ("dequantize", dequant)):
+        scalar = r["scalar_comm_s"] if scalar_timed else 0.0
+        for name, value in (("total", total), ("codec", codec), ("communication", comm), ("scalar", scalar),
+                            ("compute", total - codec - comm - scalar), ("quantize", quant), ("dequantize", dequant)):
             out[name].append(value)
     if not split:
         del out["quantize"], out["dequantize"]
+    if not scalar_timed:
+        del out["scalar"]
     return out
 
 
@@ -106,10 +112,13 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
                "codec_stretch": codec_stretch}
 
 
-def predicted_components(w: Workload, m: Machine, comm: str) -> dict[str, float]:
+def predicted_components(w: Workload, m: Machine, comm: str, scalar_apart: bool = True) -> dict[str, float]:
+    """``scalar_apart``: the scalar all-reduces as a component of their own (the runs time them),
+    else inside compute (older runs)."""
     s = step(w, m, comm)
-    return {"compute": s.compute_s + s.scalar_s, "quantize": s.quantize_s, "dequantize": s.dequantize_s,
-            "codec": s.codec_s, "communication": s.exposed_comm_s + s.skew_s, "total": s.total_s}
+    return {"compute": s.compute_s + (0.0 if scalar_apart else s.scalar_s), "scalar": s.scalar_s,
+            "quantize": s.quantize_s, "dequantize": s.dequantize_s, "codec": s.codec_s,
+            "communication": s.exposed_comm_s + s.skew_s, "total": s.total_s}
 
 
 def _record(run: Path) -> dict:
@@ -138,7 +147,7 @@ def case_rows(probe_path: Path, runs: list[Path], skip: float) -> tuple[list[dic
             name = f"{cfg['comm']} (loopback; {rate:g} Mbit/s asked)"
         fits[name] = {**fit, "run": str(run), "emulated": record.get("emulated")}
         measured = measured_components(steady(read_log(run), skip))
-        predicted = predicted_components(w, machine, cfg["comm"])
+        predicted = predicted_components(w, machine, cfg["comm"], scalar_apart="scalar" in measured)
         for comp in COMPONENTS:
             if comp not in measured:
                 continue

@@ -92,6 +92,7 @@ class Trainer:
         self.data = data if data is not None else TokenDataset(cfg.data)
         self.model = self._build_model()
         self.tp = self.model.tp  # the one communicator of the model's TP traffic: keyed by the step, its stats logged
+        self.scalar_allreduce_s = 0.0  # seconds in this loop's own uncompressed all-reduces (_all_reduce_scalar)
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -189,13 +190,20 @@ class Trainer:
         replicated_sq = sum(float(grads[id(p)].float().pow(2).sum()) for p in params if id(p) in self.replicated)
         if self.mesh.tp > 1:
             t = torch.tensor([sharded_sq], dtype=torch.float64, device=self.device)
-            dist.all_reduce(t, group=self.mesh.tp_group)
+            self._all_reduce_scalar(t, group=self.mesh.tp_group)
             sharded_sq = float(t)
         norm = math.sqrt(sharded_sq + replicated_sq)
         if norm > self.cfg.clip:
             for g in grads.values():
                 g.mul_(self.cfg.clip / (norm + 1e-6))
         return norm
+
+    def _all_reduce_scalar(self, t: torch.Tensor, **kwargs) -> None:
+        """dist.all_reduce of a step's small uncompressed reduction, timed: with the model's
+        all_reduce_exact, the record's scalar_comm_s (a wait for a slower peer included)."""
+        t0 = time.perf_counter()
+        dist.all_reduce(t, **kwargs)
+        self.scalar_allreduce_s += time.perf_counter() - t0
 
     @staticmethod
     def _all_reduce_flat(grads: list[torch.Tensor], group, scale: float) -> None:
@@ -226,6 +234,7 @@ class Trainer:
         self.compute.start_step(self.step)
         self.validate_next_step = False
         before = comm.stats()
+        scalar_before = self.scalar_allreduce_s + self.tp.exact_allreduce_s
         self._sync()
         t0 = time.perf_counter()
         ids, labels = self.data.batch(self.step, self.mesh.dp_rank, self.mesh.dp, cfg.batch_size, cfg.seq_len, cfg.seed)
@@ -236,7 +245,7 @@ class Trainer:
         grad_norm = self._reduce_gradients()
         loss_value = loss.detach().float()
         if self.mesh.dp > 1:  # the logged loss is the mean over DP ranks
-            dist.all_reduce(loss_value, group=self.mesh.dp_group)
+            self._all_reduce_scalar(loss_value, group=self.mesh.dp_group)
             loss_value /= self.mesh.dp
         self._stop_if_not_finite(float(loss_value), grad_norm)
         self.optimizer.step()
@@ -245,7 +254,8 @@ class Trainer:
         step_time = time.perf_counter() - t0
         after = comm.stats()
         record = {"step": self.step, "loss": float(loss_value), "lr": lr, "grad_norm": grad_norm,
-                  "step_time_s": step_time, "tokens_per_s": self.tokens_per_step / step_time}
+                  "step_time_s": step_time, "tokens_per_s": self.tokens_per_step / step_time,
+                  "scalar_comm_s": self.scalar_allreduce_s + self.tp.exact_allreduce_s - scalar_before}
         for direction, route in self.tp.routes.items():
             a, b = after.get(route.stats_key, {}), before.get(route.stats_key, {})
             for key in ("bytes_sent", "bytes_uncompressed", "codec_s", "quantize_s", "dequantize_s", "comm_s", "calls"):
@@ -257,7 +267,7 @@ class Trainer:
         """Raise TrainingDiverged on every rank when any rank's loss or gradient norm is not finite."""
         bad = torch.tensor([0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0], device=self.device)
         if self.mesh.world > 1:  # every rank stops together, none waits in a collective
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+            self._all_reduce_scalar(bad, op=dist.ReduceOp.MAX)
         if bad.item():
             kept = f"step {self.last_checkpoint}" if self.last_checkpoint is not None else "none"
             raise TrainingDiverged(f"step {self.step}: loss {loss}, gradient norm {grad_norm} (not finite on this rank "

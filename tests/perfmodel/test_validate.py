@@ -21,8 +21,10 @@ PROBE = {
 }
 
 
-def step_record(i: int, split: bool = True) -> dict:
+def step_record(i: int, split: bool = True, scalar: float | None = None) -> dict:
     r = {"step": i, "step_time_s": 0.100 + 0.002 * (i % 3)}
+    if scalar is not None:  # the trainer's timer of its scalar all-reduces (runs after 8be7651)
+        r["scalar_comm_s"] = scalar
     for d, (q, dq, c) in {"fwd": (0.001, 0.002, 0.020), "bwd": (0.0015, 0.0025, 0.030)}.items():
         if split:
             r.update({f"{d}_codec_s": q + dq, f"{d}_quantize_s": q, f"{d}_dequantize_s": dq})
@@ -32,9 +34,9 @@ def step_record(i: int, split: bool = True) -> dict:
     return r
 
 
-def make_run(path, comm="fp4quant", steps=10, split=True, rate=60.0, emulated=True):
+def make_run(path, comm="fp4quant", steps=10, split=True, rate=60.0, emulated=True, scalar=None):
     path.mkdir(parents=True)
-    (path / "log.jsonl").write_text("".join(json.dumps(step_record(i, split)) + "\n" for i in range(steps)))
+    (path / "log.jsonl").write_text("".join(json.dumps(step_record(i, split, scalar)) + "\n" for i in range(steps)))
     (path / "summary.json").write_text(json.dumps({
         "model": MODEL.to_dict(), "mesh": {"tp": 2, "dp": 1},
         "provenance": {"config": {"comm": comm, "seq_len": 128, "batch_size": 2}}}))
@@ -72,6 +74,21 @@ def test_measured_components_are_the_trainers_timers_over_steady_steps(tmp_path)
     assert fit["fitted_bandwidth_Bps"] == pytest.approx(5e6, rel=1e-6)
 
 
+def test_timed_scalar_all_reduces_are_a_component_of_their_own(tmp_path):
+    run = make_run(tmp_path / "run", scalar=0.012)
+    (tmp_path / "probe.json").write_text(json.dumps(PROBE))
+    rows, _ = validate.case_rows(tmp_path / "probe.json", [run], skip=0.2)
+    got = {r["component"]: r for r in rows}
+    total = sum(step_record(i)["step_time_s"] for i in range(2, 10)) / 8
+    assert got["scalar"]["measured_s"] == pytest.approx(0.012)
+    assert got["compute"]["measured_s"] == pytest.approx(total - 0.057 - 0.012)  # no longer inside compute
+    machine, _ = validate.machine_from_probe(PROBE, 131072)
+    s = step(Workload(MODEL, 2, 128, 2), machine, "fp4quant")
+    assert got["scalar"]["predicted_s"] == pytest.approx(5 * 4e-4)  # 5 scalar all-reduces at the probe's time
+    assert got["compute"]["predicted_s"] == pytest.approx(s.compute_s)
+    assert got["total"]["predicted_s"] == pytest.approx(s.total_s)
+
+
 def test_the_codec_in_the_model_splits_stochastic_backward_and_shards_the_reduce():
     machine, _ = validate.machine_from_probe(PROBE, 0)
     s = step(Workload(MODEL, 2, 128, 2), machine, "fp4quant")
@@ -100,7 +117,7 @@ def test_old_logs_give_the_codec_without_its_split_and_stretch_is_read(tmp_path)
 
 def test_main_writes_the_csv_and_refuses_bad_input_in_one_line(tmp_path, capsys):
     (tmp_path / "probe.json").write_text(json.dumps(PROBE))
-    runs = [make_run(tmp_path / c, comm=c) for c in ("bf16", "fp4quant")]
+    runs = [make_run(tmp_path / c, comm=c, scalar=0.01) for c in ("bf16", "fp4quant")]
     out = tmp_path / "model_validation.csv"
     assert validate.main(["--case", str(tmp_path / "probe.json"), *map(str, runs), "--out", str(out)]) == 0
     df = pd.read_csv(out)

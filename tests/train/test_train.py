@@ -19,6 +19,11 @@ def test_tp2_matches_tp1_uncompressed(data, tmp_path):
     assert len(one["losses"]) == 6
     for a, b in zip(one["losses"], two["losses"]):
         assert abs(a - b) < 2e-5 * abs(a), (one["losses"], two["losses"])
+    # the step's small uncompressed all-reduces (loss statistics, gradient norm, non-finite check)
+    # have a timer of their own: none at TP=1
+    for name, timed in (("tp1", False), ("tp2", True)):
+        for r in map(json.loads, (tmp_path / name / "log.jsonl").read_text().splitlines()):
+            assert (r["scalar_comm_s"] > 0) == timed, (name, r)
 
 
 @pytest.mark.slow
