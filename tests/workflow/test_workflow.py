@@ -25,7 +25,7 @@ def snakemake(*args, cwd, timeout=900) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "target", ["figures/throughput.pdf", "all", "ablation_no_fwht", "ablation_single_scale", "ablation_naive_pack"]
+    "target", ["figures/throughput.pdf", "all", "ablation_no_fwht", "ablation_single_scale"]
 )
 @pytest.mark.parametrize("config", ["default", "h100"])
 def test_dry_run(target, config, tmp_path):
