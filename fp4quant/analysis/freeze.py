@@ -23,6 +23,9 @@ SKIPPED_DIRS = {"tokens", "checkpoints", ".snakemake", "traffic"}  # large, and 
 # the workflow's resume key of a run folder (workflow/scripts/fresh_run.py): bookkeeping that
 # names this machine's paths, no result
 SKIPPED_FILES = {"workflow_job.json"}
+# files whose text may name the run's folder (logs, JUnit XML, build records): frozen with that
+# folder's absolute path made relative to it, so a reference names no machine's paths
+TEXT_SUFFIXES = {".log", ".xml", ".json", ".jsonl", ".txt", ".csv", ".md"}
 
 
 def run_files(data: Path) -> list[Path]:
@@ -66,10 +69,15 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
                               f"not {profile}; rerun the workflow for {profile} before freezing")
     origin = check_same_origin([p for p in files if p.suffix in (".csv", ".json") and not p.name.endswith(".meta.json")
                                 and p.name != "meta.json"] + made)
+    root = f"{src.resolve().parent.parent}/"  # the folder the run ran in (data/<profile> below it)
     for p in files:
         target = dest / "data" / profile / p.relative_to(src)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(p, target)
+        if p.suffix in TEXT_SUFFIXES:  # as bytes: a log's carriage returns stay as they are
+            data_bytes = p.read_bytes()
+            if root.encode() in data_bytes:
+                target.write_bytes(data_bytes.replace(root.encode(), b""))
     for p in made:
         target = dest / ("figures" if p.suffix == ".pdf" else "tables") / p.name
         target.parent.mkdir(parents=True, exist_ok=True)

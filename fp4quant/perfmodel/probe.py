@@ -64,12 +64,6 @@ def _median_s(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def paced_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps: int) -> list[float]:
-    """Seconds of each of ``steps`` training steps of one TP rank (its shard alone), each after
-    an idle gap as long as the previous step (a warm-up step first, not returned)."""
-    return rank_step_seconds(model, seq_len, batch_size, tp, steps, paced=True)
-
-
 def skew_seconds(per_rank: list[list[float]]) -> float:
     """Mean over steps of (the slowest rank's step - the ranks' mean step): how long, per
     step, a rank waits for a slower peer inside the collectives (in lockstep ranks, the step
@@ -184,7 +178,7 @@ def main(argv=None) -> int:
     dist.barrier()  # every rank computes at once, as in the run
     continuous = measure_training_flops(a.model, a.seq_len, a.batch_size, world, threads=threads, steps=a.steps)
     dist.barrier()
-    paced = paced_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps)
+    paced = rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps, paced=True)
     dist.barrier()
     flops = cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world / statistics.fmean(paced)
     hot = codec_rates(values, world, a.presets)

@@ -35,6 +35,7 @@ def complete_run(tmp_path_factory) -> Path:
     (data / "tokens").mkdir()
     (data / "tokens/tokens.bin").write_bytes(b"\0" * 64)  # never frozen
     (data / "cluster/runs/tiny/bf16/seed0/workflow_job.json").write_text('{"key": "/home/someone/fp4quant ..."}')  # nor this
+    (data / "logs/paths.log").write_text(f"loaded {root.resolve()}/.venv/lib/x.so\n")  # the run's folder, made relative
     bench = data / "bench"
     runs = [str(p) for p in sorted((data / "cluster/runs/tiny").glob("*/seed0"))]
     assert main(["collect", "--profile", "cpu", "--runs", *runs, "--error", str(bench / "error.csv"),
@@ -64,10 +65,14 @@ def test_a_complete_run_is_frozen_with_a_readme(complete_run, tmp_path):
     assert freeze(complete_run, to) == 0
     assert sorted(p.name for p in (to / "figures").iterdir()) == sorted(f"{n}.pdf" for n in FIGURES if n not in PREDATED)
     assert sorted(p.name for p in (to / "tables").iterdir()) == sorted(f"{n}.tex" for n in TABLES if n not in PREDATED)
-    assert (to / "data/cpu/results/training.csv").read_bytes() == (complete_run / "data/cpu/results/training.csv").read_bytes()
+    # the results as they are, but for the run's folder: its runs are named relative to it
+    training = (complete_run / "data/cpu/results/training.csv").read_text()
+    assert f"{complete_run.resolve()}/" in training
+    assert (to / "data/cpu/results/training.csv").read_text() == training.replace(f"{complete_run.resolve()}/", "")
     assert (to / "data/cpu/cluster/runs/tiny/fp4quant/seed0/log.jsonl").exists()
     assert not (to / "data/cpu/tokens").exists()
     assert not (to / "data/cpu/cluster/runs/tiny/bf16/seed0/workflow_job.json").exists()
+    assert (to / "data/cpu/logs/paths.log").read_text() == "loaded .venv/lib/x.so\n"
     readme = (to / "README.md").read_text()
     assert "AMD EPYC, 2 cores (CPU)" in readme and "b82b982c63ea3095b56c3dc3adc93120accbd3de" in readme
     assert "produced by: `make figures`" in readme and "torch: 2.13.0+cpu" in readme
