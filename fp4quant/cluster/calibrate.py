@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.distributed as dist
 
 from .. import ops
 from ..format.config import QuantConfig
@@ -53,28 +54,91 @@ class TargetCluster:
     # (the performance model's H100 assumption, perfmodel.machines.H100_CODEC_EFFICIENCY)
 
 
+class CollectiveGaps:
+    """Idle gaps of ``gap_s`` at the places of a TP step's collectives on a shard run alone
+    (world 1, where its mappings send nothing): after the embedding and each attention and
+    MLP block forward, and as the gradients of each attention and MLP block's input and the
+    LM head's input are ready backward, 2 x (2 layers + 1) a step as the run's all-reduces.
+    ``slept_s`` sums the gaps since ``reset`` (the step's time leaves them out).
+
+    Why: a rank's compute is cut into short segments by waits on the link, and after each
+    wait its core has idled and its caches cooled.  On the 2-core EPYC the tiny model's
+    shard step took 62-66 ms back to back or with 0.5-2 ms gaps, 69-70 ms with 8-20 ms gaps
+    (the BF16 all-reduces at 30-60 Mbit/s take 18-36 ms)."""
+
+    def __init__(self, net: Qwen2ForCausalLM, gap_s: float):
+        self.gap_s, self.slept_s, self.naps = gap_s, 0.0, 0
+        blocks = [m for layer in net.model.layers for m in (layer.self_attn, layer.mlp)]
+        self.handles = [m.register_forward_hook(self._forward) for m in (net.model.embed_tokens, *blocks)]
+        self.handles += [m.register_full_backward_hook(self._backward) for m in (*blocks, net.lm_head)]
+
+    def reset(self) -> None:
+        self.slept_s, self.naps = 0.0, 0
+
+    def _nap(self) -> None:
+        self.naps += 1
+        t = time.perf_counter()
+        time.sleep(self.gap_s)
+        self.slept_s += time.perf_counter() - t
+
+    def _forward(self, module, inputs, output) -> None:
+        self._nap()
+
+    def _backward(self, module, grad_input, grad_output) -> None:
+        self._nap()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps: int,
-                      paced: bool = False) -> list[float]:
+                      paced: bool = False, collective_gap_s: float = 0.0,
+                      scalar_allreduce_s: list[float] | None = None) -> list[float]:
     """Seconds of each of ``steps`` whole training steps (forward, backward, AdamW step) of one
     TP rank's shard, after a warm-up step (not returned); ``paced``: each after an idle gap as
-    long as the previous step (as a run's compute between link waits)."""
+    long as the previous step (as a run's compute between link waits); ``collective_gap_s``:
+    idle gaps of that length where the run's TP collectives are (CollectiveGaps), left out of
+    the times; ``scalar_allreduce_s`` (a list; needs a process group): the trainer's five
+    scalar all-reduces run over the default group where it issues them (three after the LM
+    head, the gradient norm and the non-finite check after the backward), each step's
+    seconds in them appended to it and left out of the step's time."""
     cfg = ModelConfig.preset(model)
     # One rank's shard of the model (built for a TP group of `tp`), then run as if alone:
     # at world 1 the mappings send nothing, so this times exactly a rank's compute.
     net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
     net.tp.world = 1
+    gaps = CollectiveGaps(net, collective_gap_s) if collective_gap_s > 0 else None
+    scalar = torch.zeros(1, dtype=torch.float64)
+    in_scalar = [0.0]
+
+    def scalar_allreduces(count: int) -> None:
+        t = time.perf_counter()
+        for _ in range(count):
+            dist.all_reduce(scalar)
+        in_scalar[0] += time.perf_counter() - t
+
+    if scalar_allreduce_s is not None:  # the vocab-parallel cross-entropy's three
+        net.lm_head.register_forward_hook(lambda *_: scalar_allreduces(3))
     ids = torch.randint(0, cfg.vocab_size // tp, (batch_size, seq_len))  # ids within the local vocabulary
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
     times: list[float] = []
-    for _ in range(steps + 1):
+    for i in range(steps + 1):
         if paced and times:
             time.sleep(times[-1])
+        if gaps is not None:
+            gaps.reset()
+        in_scalar[0] = 0.0
         t0 = time.perf_counter()
         net.loss(ids, ids).backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        if scalar_allreduce_s is not None:  # the gradient norm's and the non-finite check's
+            scalar_allreduces(2)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0 - (gaps.slept_s if gaps is not None else 0.0) - in_scalar[0])
+        if scalar_allreduce_s is not None and i > 0:
+            scalar_allreduce_s.append(in_scalar[0])
     return times[1:]
 
 

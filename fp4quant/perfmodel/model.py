@@ -26,14 +26,17 @@ overlap        off (default): TP communication is blocking, as in Megatron-style
                on the critical path (it runs on the same cores / SMs as the compute).  An upper
                bound on what overlapping schemes (async TP, chunked matmul pipelining) gain.
 
-A token-bucket link (the emulated cluster's tc shaping) accrues credit while idle: during
-an idle gap it banks min(burst, bandwidth x gap) bytes, which the next transfer then sends at
-line rate.  An all-reduce sends in two phases (two-shot: all-to-all, then all-gather; a ring:
-reduce-scatter, then all-gather), each (W-1)/W of the message, and each phase draws on the
-credit of the gap just before it: before the first, the compute since the previous
-all-reduce of its direction (forward compute is FORWARD_SHARE of it, 2 of the 6 FLOPs per
-parameter and token, spread over that direction's all-reduces) and the quantization; before
-the second, only the dequantize-reduce (none for an uncompressed ring: it has no gap).
+A token-bucket link (the emulated cluster's tc shaping) accrues credit while idle, up to its
+depth (``burst_bytes``), and a transfer's bytes covered by credit go at line rate.  An
+all-reduce sends in two phases (two-shot: all-to-all, then all-gather; a ring:
+reduce-scatter, then all-gather), each (W-1)/W of the message.  The model follows the bucket
+through a direction's all-reduces one after another (shaped_allreduces): it refills during
+the compute between them (forward compute is FORWARD_SHARE of it, 2 of the 6 FLOPs per
+parameter and token, spread over that direction's all-reduces), the quantization, each
+phase's latency and the dequantize-reduce between the phases; what a phase does not spend is
+left for the next (a compressed message smaller than the bucket mostly rides on it).  Each
+direction starts with a full bucket: the loss and the optimizer step before it last longer
+than the bucket takes to fill.
 ``burst_bytes`` is 0 for real links.
 """
 
@@ -117,6 +120,27 @@ def allreduce_time(nbytes: float, world: int, bw: float, latency: float, credit:
     return wire / bw + 2 * (world - 1) * latency
 
 
+def shaped_allreduces(count: int, nbytes: float, world: int, bw: float, latency: float, burst: float,
+                      before: float, between: float, after: float) -> float:
+    """Seconds of ``count`` all-reduces of ``nbytes`` one after another on a token-bucket link
+    of depth ``burst`` bytes, starting full, idle ``before`` each (compute and quantization),
+    ``between`` its phases (dequantize-reduce) and ``after`` it (dequantize); a phase's
+    latency idles the link too.  ``burst`` 0: ``count`` x allreduce_time(nbytes, ...)."""
+    if world == 1:
+        return 0.0
+    phase = (world - 1) / world * nbytes
+    phase_latency = (world - 1) * latency
+    tokens, seconds = burst, 0.0
+    for _ in range(count):
+        for idle in (before, between):
+            tokens = min(burst, tokens + bw * (idle + phase_latency))
+            free = min(tokens, phase)
+            tokens -= free
+            seconds += (phase - free) / bw + phase_latency
+        tokens = min(burst, tokens + bw * after)
+    return seconds
+
+
 def bytes_per_value(config: QuantConfig | None, uncompressed: float) -> float:
     return uncompressed if config is None or not config.compressed else config.bits_per_value / 8
 
@@ -142,8 +166,7 @@ def step(w: Workload, m: Machine, preset: str, compress: str = "both", overlap: 
         quant += n * q
         dequant += n * (dq_reduce + dq)
         gap = compute * (FORWARD_SHARE if direction == "fwd" else 1 - FORWARD_SHARE) / n  # compute between all-reduces
-        first, second = min(m.burst_bytes, bw * (gap + q)), min(m.burst_bytes, bw * dq_reduce)
-        comm += n * allreduce_time(msg, w.tp, bw, lat, first, second)
+        comm += shaped_allreduces(n, msg, w.tp, bw, lat, m.burst_bytes, gap + q, dq_reduce, dq)
         wire += n * 2 * (w.tp - 1) / w.tp * msg
     exposed = max(comm - compute, 0.0) if overlap else comm
     scalar = 0.0

@@ -11,11 +11,13 @@ link.  A training step of W ranks on the emulated nodes differs in each:
 compute  every rank computes its shard at once, sharing the cores and memory: each rank
          here times its own shard's training step (world 1, as the calibration does) while
          the other ranks do the same, twice: back to back ("rank_flops_continuous", as the
-         calibration) and paced, each step after an idle gap as long as itself, as a run's
-         compute comes between waits on the link ("rank_flops": what the model uses; on a
-         shared machine the scheduler favours a task that slept over the busy ones); the
-         model's FLOP/s is the ranks' mean step's, and "skew_s" (the mean over steps of the
-         slowest rank's step less the ranks' mean) the wait of a rank for a slower peer
+         calibration) and cut as the run cuts it, by an idle gap where each TP all-reduce is
+         (calibrate.CollectiveGaps), as long as the link's fit says that all-reduce takes;
+         per comm ("compute_by_comm": BF16 and each preset, whose shorter waits cool the
+         caches less).  Its "rank_flops" is the ranks' mean step's and "skew_s" (the mean
+         over steps of the slowest rank's step less the ranks' mean) the wait of a rank for
+         a slower peer; the top-level pair is BF16's (older probes: an idle gap as long as
+         the step between steps)
 codec    the two-shot all-reduce quantizes (W, N/W) rows, dequantize-reduces W messages of
          N/W values into one shard (re-quantizing it) and dequantizes W shards; backward
          traffic uses stochastic rounding ("<preset>:sr"), which costs more.  Timed twice:
@@ -25,8 +27,15 @@ codec    the two-shot all-reduce quantizes (W, N/W) rows, dequantize-reduces W m
          between a step's all-reduces does ("codec_values_per_s": what the model uses; the
          hot loop's ratio splits the decoding time between dequantize-reduce and dequantize)
 exact    the trainer's uncompressed scalar all-reduces (vocab-parallel cross-entropy, gradient
-         norm, the non-finite check): timed as 8-byte all-reduces over the link
-link     uncompressed all-reduces of --link-sizes bytes (BF16), for model.fit_link
+         norm, the non-finite check): run inside the compute probe's steps where the trainer
+         issues them (calibrate.rank_step_seconds), so that each waits, as in a run, for
+         the peer's part of the step ("scalar_allreduce_s" per comm: what the model uses); and
+         back to back ("exact_allreduce_s", the link's latency alone: 5x less on this VM)
+link     uncompressed all-reduces (BF16) for model.fit_link, at the sizes the run sends: a small
+         message for the latency, the run's messages (BF16 and each preset's) and 2, 4 and 8
+         times the largest (a shaped link's rate per byte drifts with the message size: 3.67
+         MB/s at 128 KiB and 3.3 MB/s at 4 MiB on a 30 Mbit/s link, so a fit over megabyte
+         messages mispredicts the tiny model's 128 KiB all-reduces); --link-sizes overrides
 
 Rank 0 writes ``--out`` (JSON): medians, every rank's compute FLOP/s, raw link timings.
 """
@@ -34,6 +43,7 @@ Rank 0 writes ``--out`` (JSON): medians, every rank's compute FLOP/s, raw link t
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -50,8 +60,19 @@ from ..models.config import ModelConfig
 from ..provenance import atomic_write_json, provenance
 from ..comm import RandomStreams
 from ..threads import pin_threads
+from .model import allreduce_time, fit_alpha_beta
 
-LINK_SIZES = (4096, 65536, 1 << 20, 2 << 20, 4 << 20)
+SCALAR_ALLREDUCES = 5  # the trainer's a step (model.Workload.scalar_allreduces)
+LATENCY_MESSAGE_BYTES = 4096  # the smallest all-reduce timed: its bytes ride on the token bucket's burst
+
+
+def workload_link_sizes(values: int, presets: list[str]) -> list[int]:
+    """Bytes of the uncompressed all-reduces that time the link for a run whose messages carry
+    ``values`` values under ``presets`` (see the module doc)."""
+    messages = {2 * values} | {math.ceil(values * QuantConfig.preset(p).bits_per_value / 8)
+                               for p in presets if QuantConfig.preset(p).compressed}
+    largest = max(messages)
+    return sorted({LATENCY_MESSAGE_BYTES, *messages, 2 * largest, 4 * largest, 8 * largest})
 
 
 def _median_s(fn: Callable[[], object], repeats: int) -> float:
@@ -102,7 +123,7 @@ def codec_rates(values: int, world: int, presets: list[str], repeats: int = 30) 
     return out
 
 
-def in_collective_rates(values: int, presets: list[str], hot: dict[str, dict[str, float]], iters: int = 20,
+def in_collective_rates(values: int, presets: list[str], hot: dict[str, dict[str, float]], iters: int = 40,
                         evict_mib: int = 32) -> dict[str, dict[str, float]]:
     """values/s of each op inside compressed all-reduces of ``values`` float32 values, with
     ``evict_mib`` MiB touched before each call (caches as cold as after a layer's compute)."""
@@ -114,12 +135,15 @@ def in_collective_rates(values: int, presets: list[str], hot: dict[str, dict[str
         streams = RandomStreams(1) if sr else None
         x = torch.randn(values)
         comm.all_reduce(x.clone(), config, algorithm="two_shot", stats_key="probe", streams=streams)  # warm-up
-        comm.reset_stats()
+        quant, dequant = [], []
         for _ in range(iters):
             evict.add_(1.0)
+            comm.reset_stats()
             comm.all_reduce(x.clone(), config, algorithm="two_shot", stats_key="probe", streams=streams)
-        st = comm.stats()["probe"]
-        q, dq = st["quantize_s"] / iters, st["dequantize_s"] / iters
+            st = comm.stats()["probe"]
+            quant.append(st["quantize_s"])
+            dequant.append(st["dequantize_s"])
+        q, dq = statistics.fmean(quant), statistics.fmean(dequant)  # means, as the trainer's records
         # the hot loop's ratio of the two decoding ops splits the measured decoding time
         t_dqr, t_dq = 1 / rates["dequantize_reduce"], 1 / rates["dequantize"]
         out[key] = {"quantize": values / q, "dequantize_reduce": values / (dq * t_dqr / (t_dqr + t_dq)),
@@ -127,12 +151,15 @@ def in_collective_rates(values: int, presets: list[str], hot: dict[str, dict[str
     return out
 
 
-def link_timings(sizes: list[int], iters: int, budget_bytes: int) -> list[dict]:
-    """Median (slowest rank's) seconds of uncompressed BF16 all-reduces of ``sizes`` bytes."""
+def link_timings(sizes: list[int], iters: int, budget_bytes: int, latency_iters: int = 100) -> list[dict]:
+    """Median and mean (slowest rank's) seconds of uncompressed BF16 all-reduces of ``sizes``
+    bytes; ``latency_iters`` of those no larger than LATENCY_MESSAGE_BYTES (their time is
+    spread wide: 0.3-5 ms from p10 to p90 on the emulated link, so their mean, which a run's
+    many all-reduces add up to, needs many)."""
     rows = []
     for size in sizes:
         t = torch.zeros(max(size // 2, 1), dtype=torch.bfloat16)
-        n = max(3, min(iters, budget_bytes // max(size, 1)))
+        n = latency_iters if size <= LATENCY_MESSAGE_BYTES else max(3, min(iters, budget_bytes // max(size, 1)))
         dist.all_reduce(t)
         times = []
         for _ in range(n):
@@ -144,8 +171,23 @@ def link_timings(sizes: list[int], iters: int, budget_bytes: int) -> list[dict]:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         lat = slowest.tolist()
         rows.append({"size_bytes": size, "iters": n, "latency_s": statistics.median(lat),
-                     "latency_min_s": min(lat), "latency_max_s": max(lat)})
+                     "latency_mean_s": statistics.fmean(lat), "latency_min_s": min(lat), "latency_max_s": max(lat)})
     return rows
+
+
+def collective_gaps(link: list[dict], values: int, world: int, presets: list[str]) -> dict[str, float]:
+    """Seconds a rank waits in each of the run's all-reduces of ``values`` values, per comm
+    ("bf16" and each compressed preset): the link's alpha-beta fit (no token-bucket credit)
+    at the message's bytes.  The compute probe idles that long where each all-reduce is."""
+    if world == 1:  # nothing is sent: no waits
+        return {"bf16": 0.0, **{p: 0.0 for p in presets if QuantConfig.preset(p).compressed}}
+    alpha, bw = fit_alpha_beta([r["size_bytes"] for r in link], [r["latency_s"] for r in link], world)
+    out = {"bf16": allreduce_time(2 * values, world, bw, alpha)}
+    for p in presets:
+        config = QuantConfig.preset(p)
+        if config.compressed:
+            out[p] = allreduce_time(values * config.bits_per_value / 8, world, bw, alpha)
+    return out
 
 
 def exact_allreduce_s(iters: int = 30) -> float:
@@ -160,14 +202,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--presets", nargs="+", default=["fp4quant"])
-    ap.add_argument("--link-sizes", type=int, nargs="*", default=list(LINK_SIZES), help="bytes (BF16 all-reduces)")
-    ap.add_argument("--link-iters", type=int, default=5)
+    ap.add_argument("--link-sizes", type=int, nargs="*", default=None,
+                    help="bytes (BF16 all-reduces); default: the run's messages and multiples (see above)")
+    ap.add_argument("--link-iters", type=int, default=20)
     ap.add_argument("--link-budget-mib", type=int, default=16, help="bytes timed per size (at least 3 iterations)")
     ap.add_argument("--evict-mib", type=int, default=32, help="memory touched before each in-collective codec call")
     ap.add_argument("--steps", type=int, default=8, help="timed training steps of each compute probe")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    if a.link_iters < 1 or a.steps < 1 or any(s < 2 for s in a.link_sizes):
+    if a.link_iters < 1 or a.steps < 1 or any(s < 2 for s in a.link_sizes or []):
         ap.error("--link-iters and --steps must be >= 1, --link-sizes >= 2 bytes")
     pin_threads()
     dist.init_process_group("gloo")
@@ -178,33 +221,43 @@ def main(argv=None) -> int:
     dist.barrier()  # every rank computes at once, as in the run
     continuous = measure_training_flops(a.model, a.seq_len, a.batch_size, world, threads=threads, steps=a.steps)
     dist.barrier()
-    paced = rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps, paced=True)
+    link_sizes = a.link_sizes or workload_link_sizes(values, a.presets)
+    link = link_timings(link_sizes, a.link_iters, a.link_budget_mib << 20)
+    gaps = collective_gaps(link, values, world, a.presets)
     dist.barrier()
-    flops = cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world / statistics.fmean(paced)
+    step_flops = cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world
+    gapped, scalar = {}, {}
+    for comm_name, gap in gaps.items():  # the run's compute cut by its all-reduces' waits
+        scalar[comm_name] = []
+        gapped[comm_name] = rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps,
+                                              collective_gap_s=gap, scalar_allreduce_s=scalar[comm_name])
+        dist.barrier()
     hot = codec_rates(values, world, a.presets)
     codec = in_collective_rates(values, a.presets, hot, evict_mib=a.evict_mib)
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, {"rank_flops": flops, "paced_s": paced, "continuous": continuous, "codec": codec, "hot": hot,
+    dist.all_gather_object(gathered, {"gapped_s": gapped, "scalar_s": scalar, "continuous": continuous, "codec": codec, "hot": hot,
                                       "load": os.getloadavg()[0]})
     exact = exact_allreduce_s()
-    link = link_timings(a.link_sizes, a.link_iters, a.link_budget_mib << 20)
     if rank == 0:
-        # the step waits for its slowest rank: the smallest FLOP/s and codec rates
+        # the step waits for its slowest rank: the smallest codec rates
         codec_min = {k: {op: min(g["codec"][k][op] for g in gathered) for op in ops_} for k, ops_ in codec.items()}
         hot_min = {k: {op: min(g["hot"][k][op] for g in gathered) for op in ops_} for k, ops_ in hot.items()}
+        # the model's rank: the ranks' mean step; their imbalance is the skew
+        by_comm = {c: {"rank_flops": step_flops / statistics.fmean(t for g in gathered for t in g["gapped_s"][c]),
+                       "skew_s": skew_seconds([g["gapped_s"][c] for g in gathered]),
+                       "collective_gap_s": gaps[c], "step_s": [g["gapped_s"][c] for g in gathered],
+                       # a rank's seconds a step in the five, over the ranks' steps: per all-reduce
+                       "scalar_allreduce_s": statistics.fmean(t for g in gathered for t in g["scalar_s"][c])
+                       / SCALAR_ALLREDUCES}
+                   for c in gaps}
         atomic_write_json(a.out, {
-            # the model's rank: the ranks' mean step; their imbalance is the skew
-            "rank_flops": cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world
-            / statistics.fmean(t for g in gathered for t in g["paced_s"]),
-            "rank_flops_per_rank": [g["rank_flops"] for g in gathered],
-            "skew_s": skew_seconds([g["paced_s"] for g in gathered]),
-            "paced_step_s": [g["paced_s"] for g in gathered],
+            "rank_flops": by_comm["bf16"]["rank_flops"], "skew_s": by_comm["bf16"]["skew_s"], "compute_by_comm": by_comm,
             "rank_flops_continuous": min(g["continuous"] for g in gathered), "load_average_1min": gathered[0]["load"],
             "codec_values_per_s": codec_min, "codec_hot_values_per_s": hot_min, "message_values": values, "world": world, "threads_per_rank": threads,
             "exact_allreduce_s": exact, "link": link,
             **provenance(model=a.model, seq_len=a.seq_len, batch_size=a.batch_size, argv=sys.argv[1:] if argv is None else argv),
         })
-        print(f"probe: {min(g['rank_flops'] for g in gathered) / 1e9:.1f} GFLOP/s on the slowest rank, scalar all-reduce "
+        print(f"probe: {by_comm['bf16']['rank_flops'] / 1e9:.1f} GFLOP/s a rank (BF16's gaps), scalar all-reduce "
               f"{exact * 1e3:.2f} ms -> {a.out}", file=sys.stderr)
     dist.barrier()
     dist.destroy_process_group()

@@ -17,10 +17,13 @@ measured   total = step_time_s; codec = the codec timers (quantize_s + dequantiz
            scalar all-reduces in compute, on both sides)
 
 and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone: FLOP/s
-of a rank while all compute, the codec at the all-reduce's shapes and rounding, the link
-fitted to its all-reduces (model.fit_link) with the token bucket's depth from the record,
-the scalar all-reduce's time, the ranks' skew (a rank's wait for a slower one, which the
-trainer's timers count as communication).  Nothing is fitted to the training runs.  Rows: config,
+of a rank while all compute, cut by idle gaps where the run's all-reduces are, as long as
+they take under the run's comm (the probe's compute_by_comm); the codec at the all-reduce's
+shapes and rounding; the link fitted to its all-reduces (model.fit_link: the slope of the
+medians, the latency from the smallest message's mean) with the token bucket's depth from
+the record; the scalar all-reduces as the probe timed them inside its steps; the ranks'
+skew (a rank's wait for a slower one, which the trainer's timers count as communication).
+Nothing is fitted to the training runs.  Rows: config,
 comm, component (compute, quantize, dequantize, codec, communication, scalar, total),
 measured_s (mean over the steady steps) and its SD, predicted_s, rel_error
 (predicted / measured - 1).
@@ -99,15 +102,22 @@ def measured_components(records: list[dict]) -> dict[str, list[float]]:
     return out
 
 
-def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1.0) -> tuple[Machine, dict]:
-    """The emulated machine as the probe measured it (see fp4quant.perfmodel.probe)."""
-    link = probe["link"]
-    alpha, bw = fit_link([r["size_bytes"] for r in link], [r["latency_s"] for r in link], probe["world"], burst_bytes)
+def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1.0,
+                       comm: str | None = None) -> tuple[Machine, dict]:
+    """The emulated machine as the probe measured it (see fp4quant.perfmodel.probe), its
+    compute as the probe timed it under ``comm``'s waits where the probe has that."""
+    link = sorted(probe["link"], key=lambda r: r["size_bytes"])
+    compute = probe.get("compute_by_comm", {}).get(comm, probe)
+    # medians for the bandwidth's slope; the smallest message's mean (where the probe has it)
+    # for the latency, which a run's many small all-reduces add up to
+    latencies = [r.get("latency_mean_s", r["latency_s"]) if i == 0 else r["latency_s"] for i, r in enumerate(link)]
+    alpha, bw = fit_link([r["size_bytes"] for r in link], latencies, probe["world"], burst_bytes)
     codec = {k: {op: v / codec_stretch for op, v in ops.items()} for k, ops in probe["codec_values_per_s"].items()}
-    m = Machine(name="emulated cluster (probed)", rank_flops=probe["rank_flops"], inter_bw=bw, inter_latency=alpha,
+    m = Machine(name="emulated cluster (probed)", rank_flops=compute["rank_flops"], inter_bw=bw, inter_latency=alpha,
                 intra_bw=bw, intra_latency=alpha, ranks_per_node=1, codec_values_per_s=codec,
-                burst_bytes=burst_bytes, scalar_allreduce_s=probe.get("exact_allreduce_s"),
-                skew_s=probe.get("skew_s", 0.0))
+                burst_bytes=burst_bytes,
+                scalar_allreduce_s=compute.get("scalar_allreduce_s", probe.get("exact_allreduce_s")),
+                skew_s=compute.get("skew_s", 0.0))
     return m, {"fitted_latency_s": alpha, "fitted_bandwidth_Bps": bw, "burst_bytes": burst_bytes,
                "codec_stretch": codec_stretch}
 
@@ -135,7 +145,7 @@ def case_rows(probe_path: Path, runs: list[Path], skip: float) -> tuple[list[dic
         record = _record(run)
         cal = record.get("calibration") or {}
         stretch = next((float(src[k]) for src in (record, cal) for k in CODEC_STRETCH_KEYS if k in src), 1.0)
-        machine, fit = machine_from_probe(probe, float(record.get("link_burst_bytes", 0)), stretch)
+        machine, fit = machine_from_probe(probe, float(record.get("link_burst_bytes", 0)), stretch, cfg["comm"])
         w = Workload(ModelConfig(**summary["model"]), summary["mesh"]["tp"], cfg["seq_len"], cfg["batch_size"],
                      summary["mesh"]["dp"])
         rate = record.get("link_rate_mbit")

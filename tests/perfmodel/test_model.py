@@ -11,7 +11,7 @@ from fp4quant.cluster.calibrate import TargetCluster
 from fp4quant.models import ModelConfig
 from fp4quant.perfmodel import Machine, Workload, allreduce_time, fit_alpha_beta, fit_link, step
 from fp4quant.perfmodel import machines
-from fp4quant.perfmodel.model import FORWARD_SHARE
+from fp4quant.perfmodel.model import FORWARD_SHARE, shaped_allreduces
 from fp4quant.perfmodel.__main__ import main as perfmodel_main
 
 RATES = {"fp4quant": {"quantize": 1e9, "dequantize_reduce": 1e9, "dequantize": 1e9}}
@@ -112,14 +112,28 @@ def test_token_bucket_credit_only_helps_messages_and_is_capped():
     w = Workload(ModelConfig.preset("tiny"), 2, 128, 2)
     plain = step(w, machine(inter_bw=1e7, inter_latency=0.0), "bf16")
     bucket = step(w, machine(inter_bw=1e7, inter_latency=0.0, burst_bytes=1e4), "bf16")
-    # bf16 is a ring without codec: only its first phase draws credit, the compute since the last
-    # all-reduce of its direction (a third of the step's compute forward, two thirds backward)
+    # bf16 has no codec: each direction starts with a full bucket, then it refills only in the
+    # compute since the last all-reduce of its direction (a third of the step's compute forward,
+    # two thirds backward); the second phase follows the first at once and gets nothing (the
+    # 64 KiB first phase drains the bucket)
     n = w.messages_per_direction
-    credit = sum(min(1e4, 1e7 * plain.compute_s * share / n) for share in (FORWARD_SHARE, 1 - FORWARD_SHARE))
-    assert bucket.comm_s == pytest.approx(plain.comm_s - n * credit / 1e7)
+    credit = sum(1e4 + (n - 1) * min(1e4, 1e7 * plain.compute_s * share / n) for share in (FORWARD_SHARE, 1 - FORWARD_SHARE))
+    assert bucket.comm_s == pytest.approx(plain.comm_s - credit / 1e7)
     huge = step(w, machine(inter_bw=1e7, inter_latency=0.0, burst_bytes=1e12), "bf16")
-    assert huge.comm_s >= 0 and huge.compute_s == plain.compute_s
+    assert huge.comm_s == 0.0 and huge.compute_s == plain.compute_s
     assert allreduce_time(1e3, 2, 1e6, 0.0, credit=1e6) == 0.0
-    # per phase: credit beyond a phase's bytes does not carry into the next
-    assert allreduce_time(1e3, 2, 1e6, 0.0, credit=1e6, second_credit=0.0) == pytest.approx(500 / 1e6)
     assert allreduce_time(1e3, 2, 1e6, 1e-3, credit=100.0, second_credit=200.0) == pytest.approx((400 + 300) / 1e6 + 2e-3)
+
+
+def test_shaped_allreduces_follow_one_bucket_through_the_phases():
+    # no bucket: the alpha-beta all-reduce, count times
+    assert shaped_allreduces(5, 1e5, 2, 1e6, 1e-3, 0.0, 0.01, 0.001, 0.001) == pytest.approx(5 * allreduce_time(1e5, 2, 1e6, 1e-3))
+    assert shaped_allreduces(5, 1e5, 1, 1e6, 1e-3, 1e4, 0.0, 0.0, 0.0) == 0.0
+    # phases of 400 bytes, a 1000-byte bucket, no idle time: what a phase leaves carries on
+    # (1000 -> 600 -> 200 free, then 200 of 400 paid, then everything paid)
+    got = [shaped_allreduces(k, 800, 2, 1e6, 0.0, 1000, 0.0, 0.0, 0.0) for k in (1, 2, 3)]
+    assert got == pytest.approx([0.0, 600 / 1e6, 1400 / 1e6])
+    # the latency and the idle gaps refill it, never above its depth
+    assert shaped_allreduces(3, 800, 2, 1e6, 4e-4, 1000, 0.0, 0.0, 0.0) == pytest.approx(3 * 2 * 4e-4)
+    assert shaped_allreduces(3, 800, 2, 1e6, 0.0, 1000, 1.0, 0.0, 0.0) == pytest.approx(0.0)
+    assert shaped_allreduces(3, 4000, 2, 1e6, 0.0, 1000, 1.0, 1.0, 1.0) == pytest.approx(3 * 2 * 1000 / 1e6)

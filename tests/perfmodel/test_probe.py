@@ -1,4 +1,5 @@
-"""The probe on one gloo rank: what it records, and that its FLOP/s is the paced steps' own."""
+"""The probe on one gloo rank: what it records, and that its FLOP/s is the gapped steps' own;
+the link sizes and gaps it derives from the run; the gaps where the run's collectives are."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import statistics
 import subprocess
 import sys
 
-import pytest
+import math
 
-from fp4quant.models import ModelConfig
-from fp4quant.perfmodel import probe
+import pytest
+import torch
+
+from fp4quant.cluster.calibrate import CollectiveGaps
+from fp4quant.format.config import QuantConfig
+from fp4quant.models import ModelConfig, Qwen2ForCausalLM
+from fp4quant.parallel import TPCommunicator
+from fp4quant.perfmodel import allreduce_time, probe
 
 
 def free_port() -> int:
@@ -30,13 +37,18 @@ def test_probe_one_rank_records_what_the_model_reads(tmp_path):
                    env=env, check=True, timeout=300, capture_output=True)
     p = json.loads(out.read_text())
     cfg = ModelConfig.preset("tiny")
-    paced = p["paced_step_s"][0]
-    assert len(paced) == 2 and p["skew_s"] == 0.0  # one rank: nobody to wait for
-    assert p["rank_flops"] == pytest.approx(cfg.flops_per_token(32) * 32 / statistics.fmean(paced))
+    assert set(p["compute_by_comm"]) == {"bf16", "fp4quant"}
+    for c in p["compute_by_comm"].values():
+        steps = c["step_s"][0]
+        assert len(steps) == 2 and c["skew_s"] == 0.0 and c["collective_gap_s"] == 0.0  # one rank: no waits
+        assert c["rank_flops"] == pytest.approx(cfg.flops_per_token(32) * 32 / statistics.fmean(steps))
+        assert c["scalar_allreduce_s"] >= 0
+    assert p["rank_flops"] == p["compute_by_comm"]["bf16"]["rank_flops"]
     assert 1e7 < p["rank_flops"] < 1e13 and p["rank_flops_continuous"] > 0
     assert set(p["codec_values_per_s"]) == {"fp4quant", "fp4quant:sr"} and p["message_values"] == 32 * cfg.hidden_size
     assert all(v > 0 for ops in p["codec_values_per_s"].values() for v in ops.values())
-    assert [r["size_bytes"] for r in p["link"]] == [4096, 8192] and all(r["iters"] >= 3 for r in p["link"])
+    assert [r["size_bytes"] for r in p["link"]] == [4096, 8192] and [r["iters"] for r in p["link"]] == [100, 3]
+    assert all(r["latency_min_s"] <= r["latency_mean_s"] <= r["latency_max_s"] for r in p["link"])
     assert p["exact_allreduce_s"] >= 0 and p["world"] == 1
 
 
@@ -44,3 +56,35 @@ def test_codec_rates_time_each_op_at_the_two_shot_shapes():
     rates = probe.codec_rates(4096, 2, ["fp4quant", "bf16"], repeats=2)
     assert set(rates) == {"fp4quant", "fp4quant:sr"}  # bf16 has no codec
     assert set(rates["fp4quant"]) == {"quantize", "dequantize_reduce", "dequantize"}
+
+
+def test_link_sizes_are_the_runs_messages_and_multiples():
+    sizes = probe.workload_link_sizes(65536, ["fp4quant", "bf16"])
+    fp4 = math.ceil(65536 * QuantConfig.preset("fp4quant").bits_per_value / 8)
+    assert sizes == sorted({probe.LATENCY_MESSAGE_BYTES, fp4, 131072, 2 * 131072, 4 * 131072, 8 * 131072})
+
+
+def test_collective_gaps_are_the_link_fit_at_each_message():
+    sizes = [4096, 65536, 1 << 20]
+    link = [{"size_bytes": s, "latency_s": allreduce_time(s, 2, 5e6, 1e-3)} for s in sizes]
+    gaps = probe.collective_gaps(link, 65536, 2, ["fp4quant", "bf16"])
+    bits = QuantConfig.preset("fp4quant").bits_per_value
+    assert gaps == pytest.approx({"bf16": allreduce_time(131072, 2, 5e6, 1e-3),
+                                  "fp4quant": allreduce_time(65536 * bits / 8, 2, 5e6, 1e-3)})
+    assert probe.collective_gaps(link, 65536, 1, ["fp4quant"]) == {"bf16": 0.0, "fp4quant": 0.0}
+
+
+def test_collective_gaps_sit_where_the_runs_all_reduces_are():
+    cfg = ModelConfig.preset("tiny")
+    net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(2))
+    net.tp.world = 1
+    gaps = CollectiveGaps(net, 1e-4)
+    ids = torch.randint(0, cfg.vocab_size // 2, (1, 16))
+    net.loss(ids, ids).backward()
+    # a run's all-reduces: the embedding and each block forward, each block and the LM head backward
+    assert gaps.naps == 2 * (2 * cfg.num_layers + 1) and gaps.slept_s >= gaps.naps * 1e-4
+    gaps.reset()
+    assert (gaps.naps, gaps.slept_s) == (0, 0.0)
+    gaps.remove()
+    net.loss(ids, ids).backward()
+    assert gaps.naps == 0

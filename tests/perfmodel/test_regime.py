@@ -65,7 +65,9 @@ def test_emulated_shares_do_not_depend_on_the_dilation_when_the_target_codec_is_
     a = regime.shares(regime.parts(w, regime.emulated_machine(calibration(6650.0)), "fp4quant"))
     b = regime.shares(regime.parts(w, regime.emulated_machine(calibration(19000.0)), "fp4quant"))
     for c in regime.COMPONENTS:
-        assert a[c] == pytest.approx(b[c], abs=0.01)
+        # within 2 points: the token bucket holds 4 ms of traffic at any rate, undilated, and each
+        # direction's first all-reduce starts on a full one
+        assert a[c] == pytest.approx(b[c], abs=0.02)
 
 
 def test_the_default_throughput_shape_splits_the_step_as_the_target_across_two_nodes():

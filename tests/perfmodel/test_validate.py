@@ -140,3 +140,17 @@ def test_skew_is_the_slowest_ranks_excess_over_the_mean_step():
     assert skew_seconds([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]) == 0.0
     # steps: (1, 3) -> 1, (2, 2) -> 0, (4, 2) -> 1: mean 2/3
     assert skew_seconds([[1.0, 2.0, 4.0], [3.0, 2.0, 2.0]]) == pytest.approx(2 / 3)
+
+
+def test_the_machine_takes_the_probes_compute_for_the_runs_comm_and_the_mean_latency():
+    by_comm = {"fp4quant": {"rank_flops": 3e10, "skew_s": 0.001, "scalar_allreduce_s": 2e-3}}
+    link = [{"size_bytes": 4096, "latency_s": 1e-3, "latency_mean_s": 3e-3}] + PROBE["link"][1:]
+    probe = {**PROBE, "compute_by_comm": by_comm, "link": link}
+    fp4, _ = validate.machine_from_probe(probe, 131072, comm="fp4quant")
+    assert (fp4.rank_flops, fp4.skew_s, fp4.scalar_allreduce_s) == (3e10, 0.001, 2e-3)
+    bf16, _ = validate.machine_from_probe(probe, 131072, comm="bf16")  # none probed for it: the top level
+    assert (bf16.rank_flops, bf16.skew_s, bf16.scalar_allreduce_s) == (2e10, 0.003, 4e-4)
+    # the smallest message rides on the burst: its mean over the probe's many is the latency
+    assert fp4.inter_latency == pytest.approx(3e-3 / 2)
+    old, _ = validate.machine_from_probe(PROBE, 131072, comm="fp4quant")
+    assert old.inter_latency == pytest.approx((1e-3 + 4096 / 5e6) / 2)
