@@ -110,21 +110,29 @@ def codec_seconds(values: int, world: int, config: QuantConfig, repeats: int = 3
     }
 
 
+def shard_or_values(op: str, values: int, world: int) -> float:
+    """The values an op's rate counts (see codec_rates)."""
+    return -(-values // world) if op == "dequantize_reduce" else values
+
+
 def codec_rates(values: int, world: int, presets: list[str], repeats: int = 30) -> dict[str, dict[str, float]]:
-    """values/s of each op (over the all-reduce's ``values``) per preset, round-to-nearest
-    under the preset's name and stochastic rounding under "<preset>:sr"."""
+    """values/s of each op per preset, round-to-nearest under the preset's name and stochastic
+    rounding under "<preset>:sr": of the all-reduce's ``values`` for quantize and dequantize,
+    of the shard's (``values / world``, what it writes) for dequantize_reduce, as the model
+    (model.step) and the other codec figures (calibrate.measure_codec, the kernel benchmark)
+    count them."""
     out: dict[str, dict[str, float]] = {}
     for name in presets:
         config = QuantConfig.preset(name)
         if not config.compressed:
             continue
         for key, cfg in ((name, config), (f"{name}:sr", config.replace(rounding="stochastic"))):
-            out[key] = {op: values / s for op, s in codec_seconds(values, world, cfg, repeats).items()}
+            out[key] = {op: shard_or_values(op, values, world) / s for op, s in codec_seconds(values, world, cfg, repeats).items()}
     return out
 
 
-def in_collective_rates(values: int, presets: list[str], hot: dict[str, dict[str, float]], iters: int = 40,
-                        evict_mib: int = 32) -> dict[str, dict[str, float]]:
+def in_collective_rates(values: int, world: int, presets: list[str], hot: dict[str, dict[str, float]],
+                        iters: int = 40, evict_mib: int = 32) -> dict[str, dict[str, float]]:
     """values/s of each op inside compressed all-reduces of ``values`` float32 values, with
     ``evict_mib`` MiB touched before each call (caches as cold as after a layer's compute)."""
     evict = torch.zeros(max(evict_mib, 1) << 18)
@@ -145,8 +153,10 @@ def in_collective_rates(values: int, presets: list[str], hot: dict[str, dict[str
             dequant.append(st["dequantize_s"])
         q, dq = statistics.fmean(quant), statistics.fmean(dequant)  # means, as the trainer's records
         # the hot loop's ratio of the two decoding ops splits the measured decoding time
-        t_dqr, t_dq = 1 / rates["dequantize_reduce"], 1 / rates["dequantize"]
-        out[key] = {"quantize": values / q, "dequantize_reduce": values / (dq * t_dqr / (t_dqr + t_dq)),
+        t_dqr = shard_or_values("dequantize_reduce", values, world) / rates["dequantize_reduce"]  # seconds a call, hot
+        t_dq = values / rates["dequantize"]
+        out[key] = {"quantize": values / q,
+                    "dequantize_reduce": shard_or_values("dequantize_reduce", values, world) / (dq * t_dqr / (t_dqr + t_dq)),
                     "dequantize": values / (dq * t_dq / (t_dqr + t_dq))}
     return out
 
@@ -233,7 +243,7 @@ def main(argv=None) -> int:
                                               collective_gap_s=gap, scalar_allreduce_s=scalar[comm_name])
         dist.barrier()
     hot = codec_rates(values, world, a.presets)
-    codec = in_collective_rates(values, a.presets, hot, evict_mib=a.evict_mib)
+    codec = in_collective_rates(values, world, a.presets, hot, evict_mib=a.evict_mib)
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"gapped_s": gapped, "scalar_s": scalar, "continuous": continuous, "codec": codec, "hot": hot,
                                       "load": os.getloadavg()[0]})

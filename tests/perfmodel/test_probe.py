@@ -19,7 +19,7 @@ from fp4quant.cluster.calibrate import CollectiveGaps
 from fp4quant.format.config import QuantConfig
 from fp4quant.models import ModelConfig, Qwen2ForCausalLM
 from fp4quant.parallel import TPCommunicator
-from fp4quant.perfmodel import allreduce_time, probe
+from fp4quant.perfmodel import Machine, Workload, allreduce_time, probe, step
 
 
 def free_port() -> int:
@@ -88,3 +88,18 @@ def test_collective_gaps_sit_where_the_runs_all_reduces_are():
     gaps.remove()
     net.loss(ids, ids).backward()
     assert gaps.naps == 0
+
+
+def test_codec_rates_count_the_shard_for_the_reduce_as_the_model_does(monkeypatch):
+    monkeypatch.setattr(probe, "codec_seconds", lambda values, world, config, repeats: {
+        "quantize": 1e-3, "dequantize_reduce": 2e-3, "dequantize": 4e-3})
+    rates = probe.codec_rates(4096, 4, ["fp4quant"], repeats=1)["fp4quant"]
+    assert rates == pytest.approx({"quantize": 4096 / 1e-3, "dequantize_reduce": 1024 / 2e-3, "dequantize": 4096 / 4e-3})
+    # the model's step gives back the seconds measured (values / W out of the reduce)
+    machine = Machine(name="m", rank_flops=1e12, inter_bw=1e9, inter_latency=0.0, intra_bw=1e9, intra_latency=0.0,
+                      ranks_per_node=1, codec_values_per_s={"fp4quant": rates})
+    cfg = ModelConfig.preset("tiny")
+    w = Workload(cfg, 4, 4096 // cfg.hidden_size, 1)
+    s = step(w, machine, "fp4quant")
+    n = 2 * w.messages_per_direction
+    assert s.quantize_s == pytest.approx(n * 1e-3) and s.dequantize_s == pytest.approx(n * (2e-3 + 4e-3))
