@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from ..perfmodel import validate  # noqa: E402
 from ..provenance import atomic_write_bytes  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
 
@@ -401,9 +402,10 @@ VALIDATION_PARTS = ("compute", "codec", "communication", "scalar", "total")
 
 def validation(df: pd.DataFrame, out, profile: str) -> None:
     """The step model part by part against the emulated runs (model_validation.csv): per
-    configuration, measured (mean over steady steps, bar: SD) and predicted seconds of each
-    component, the relative error above each pair."""
-    d = df[df.component.isin(VALIDATION_PARTS)]
+    configuration, measured (mean over steady steps, and over repeats where the validation
+    was repeated; bar: SD over the steps, or over the repeats) and predicted seconds of each
+    component, the relative error above each pair (repeats: their mean and range)."""
+    d = validate.summary(df[df.component.isin(VALIDATION_PARTS)])
     configs = list(dict.fromkeys(d.config))
     fig, axes = plt.subplots(1, len(VALIDATION_PARTS), figsize=(3.2 * len(VALIDATION_PARTS), 3.6), squeeze=False)
     kinds = {"measured": "#4C72B0", "predicted": "#DD8452"}
@@ -416,7 +418,10 @@ def validation(df: pd.DataFrame, out, profile: str) -> None:
         for i, r in zip(x, c.itertuples()):
             if str(r.rel_error) not in ("", "nan"):
                 top = max(r.measured_s + r.measured_sd_s, r.predicted_s) * 1e3
-                ax.annotate(f"{100 * float(r.rel_error):+.0f}%", (i, top), ha="center", va="bottom", fontsize=6)
+                label = f"{100 * float(r.rel_error):+.0f}%"
+                if r.repeats > 1:
+                    label += f"\n[{100 * float(r.rel_error_min):+.0f}, {100 * float(r.rel_error_max):+.0f}]"
+                ax.annotate(label, (i, top), ha="center", va="bottom", fontsize=5)
         ax.set_xticks(list(x), configs, rotation=35, ha="right", fontsize=6)
         ax.set(ylabel="ms per step" if comp == "compute" else "", title=comp)
         ax.title.set_fontsize(8)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..perfmodel import validate
 from ..provenance import atomic_write_text
 from .figures import _order, with_series
 from .origin import origin_of_frame, stamp_tex
@@ -114,17 +115,26 @@ def end_to_end(training: pd.DataFrame, out, profile: str, throughput: pd.DataFra
 
 
 def model_validation(df: pd.DataFrame, out, profile: str) -> None:
-    """The step model part by part: measured (mean $\\pm$ SD over steady steps) and predicted
-    milliseconds per step and the relative error, per emulated configuration and component."""
+    """The step model part by part: measured and predicted milliseconds per step and the
+    relative error, per emulated configuration and component (over the repeats where the
+    validation was repeated: their mean, the measured SD across them, the errors' range)."""
+    s = validate.summary(df)
+    repeats = int(s.repeats.max()) if len(s) else 1
     rows = []
-    for r in df.itertuples():
+    for r in s.itertuples():
         err = "" if str(r.rel_error) in ("", "nan") else _tex(number(100 * float(r.rel_error), "+.0f") + "%")
+        if err and r.repeats > 1:
+            err += (f" [{_tex(number(100 * float(r.rel_error_min), '+.0f') + '%')}, "
+                    f"{_tex(number(100 * float(r.rel_error_max), '+.0f') + '%')}]")
         rows.append([_tex(r.config), _tex(r.component),
                      f"{number(1e3 * r.measured_s, '.2f')} $\\pm$ {number(1e3 * r.measured_sd_s, '.2f')}",
                      number(1e3 * r.predicted_s, ".2f"), err])
+    spread = ("measured: mean $\\pm$ SD over the steady steps" if repeats == 1 else
+              f"each configuration probed and run {repeats} times: measured, the mean $\\pm$ SD of the repeats' means "
+              "over their steady steps; predicted, the mean; error, the mean [min, max] of the repeats' errors")
     caption = ("The step model against training runs measured on the emulated cluster, part by part: "
-               "milliseconds per step (measured: mean $\\pm$ SD over the steady steps, from the trainer's timers; "
-               "predicted: from a probe of the same links and ranks, nothing fitted to the runs). "
+               f"milliseconds per step ({spread}; from the trainer's timers; "
+               "predicted from a probe of the same links and ranks, nothing fitted to the runs). "
                "Scalar: the trainer's small uncompressed all-reduces (loss statistics, gradient norm, non-finite check); "
                "compute is the step less codec, communication and scalar. " + _where(df, profile))
     _write(out, df, profile, ["configuration", "component", "measured (ms)", "predicted (ms)", "error"], rows, caption,

@@ -174,6 +174,25 @@ def case_rows(probe_path: Path, runs: list[Path], skip: float) -> tuple[list[dic
     return rows, fits
 
 
+def summary(df):
+    """One row per (config, component) over its repeats (model_validation.csv's rows; a CSV
+    without the ``repeat`` column is one repeat): measured_s and predicted_s their means,
+    measured_sd_s the SD of the repeats' means (one repeat: its SD over steady steps),
+    rel_error the mean of the repeats' errors and rel_error_min / _max their range."""
+    import pandas as pd
+
+    out = []
+    for (config, component), g in df.groupby(["config", "component"], sort=False):
+        errors = pd.to_numeric(g.rel_error, errors="coerce").dropna()
+        out.append({"config": config, "comm": g.comm.iloc[0], "component": component, "repeats": len(g),
+                    "measured_s": g.measured_s.mean(),
+                    "measured_sd_s": g.measured_s.std() if len(g) > 1 else g.measured_sd_s.iloc[0],
+                    "predicted_s": g.predicted_s.mean(),
+                    "rel_error": errors.mean() if len(errors) else "",
+                    "rel_error_min": errors.min() if len(errors) else "", "rel_error_max": errors.max() if len(errors) else ""})
+    return pd.DataFrame(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", nargs="+", action="append", required=True, metavar="PROBE_JSON RUN_DIR",
@@ -193,8 +212,11 @@ def main(argv=None) -> int:
         print(f"fp4quant.perfmodel.validate: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     prov = provenance()
-    for r in rows:
-        r.update(hardware=prov["hardware"], commit=prov["commit"], torch=prov["torch"])
+    seen: dict[tuple[str, str], int] = {}
+    for r in rows:  # a configuration met again (another case on the same link) is a repeat
+        key = (r["config"], r["component"])
+        seen[key] = seen.get(key, 0) + 1
+        r.update(repeat=seen[key], hardware=prov["hardware"], commit=prov["commit"], torch=prov["torch"])
     atomic_write_csv(a.out, rows)
     atomic_write_json(a.out + ".meta.json", provenance(fits=fits, skip=a.skip, cases=a.case))
     for r in rows:

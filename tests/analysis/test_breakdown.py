@@ -10,6 +10,7 @@ import pytest
 
 from fp4quant.analysis import collect, figures, tables
 from fp4quant.analysis.origin import read_stamp
+from fp4quant.perfmodel import validate
 
 ORIGIN = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "c" * 40, "torch": "2.13.0+cpu"}
 
@@ -100,3 +101,23 @@ def _csv(tmp_path, df):
     path = tmp_path / "mv.csv"
     df.to_csv(path, index=False)
     return path
+
+
+def test_repeated_validation_is_summarized_with_its_range(tmp_path):
+    one = validation_frame()
+    again = one.assign(measured_s=one.measured_s * 1.1, rel_error=[p / (m * 1.1) - 1 if m else "" for p, m in
+                                                                   zip(one.predicted_s, one.measured_s)])
+    df = pd.read_csv(_csv(tmp_path, pd.concat([one.assign(repeat=1), again.assign(repeat=2)])))
+    s = validate.summary(df).set_index(["config", "component"])
+    total = s.loc[("fp4quant @ 30 Mbit/s", "total")]
+    assert total.repeats == 2 and total.measured_s == pytest.approx(0.41 * 1.05)
+    assert total.measured_sd_s == pytest.approx(pd.Series([0.41, 0.451]).std())
+    assert float(total.rel_error_min) == pytest.approx(0.432 / 0.451 - 1)
+    assert float(total.rel_error_max) == pytest.approx(0.432 / 0.41 - 1)
+    assert float(total.rel_error) == pytest.approx((0.432 / 0.451 + 0.432 / 0.41) / 2 - 1)
+    tables.model_validation(df, tmp_path / "t.tex", "cpu")
+    tex = (tmp_path / "t.tex").read_text()
+    assert r"fp4quant @ 30 Mbit/s & total & 430.50 $\pm$ 28.99 & 432.00 & +1\% [-4\%, +5\%]" in tex
+    assert "probed and run 2 times" in tex
+    figures.validation(df, tmp_path / "validation.pdf", "cpu")
+    assert (tmp_path / "validation.pdf").read_bytes().startswith(b"%PDF")

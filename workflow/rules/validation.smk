@@ -1,16 +1,20 @@
 # The step model checked part by part (fp4quant.perfmodel.validate): at each link rate of
 # cluster.validation, a probe of the ranks and the link (fp4quant.perfmodel.probe) and short
 # training runs on that link, back to back, then measured vs predicted compute, codec,
-# communication and total per configuration -> results/model_validation.csv.
+# communication and total per configuration -> results/model_validation.csv.  With
+# cluster.validation.repeats > 1 every link's probe and runs are repeated (repeat<k>/), each
+# repeat a row of its own: the spread of the errors is the machine's drift between a probe
+# and the runs it predicts.
 
 VALIDATION = CLUSTER.get("validation", {})
 VRATES = [f"{r:g}" for r in VALIDATION.get("rates_mbit", [30, 60, 120])]
 VCOMMS = VALIDATION.get("comms", ["bf16", "fp4quant"])
+VREPEATS = list(range(1, int(VALIDATION.get("repeats", 1)) + 1))
 VDIR = f"{OUT}/cluster/validation"
 
 
-def validation_train(rate, comm):
-    run = f"{VDIR}/rate{rate}/{comm}"
+def validation_train(repeat, rate, comm):
+    run = f"{VDIR}/repeat{repeat}/rate{rate}/{comm}"
     return (f"rm -rf {run} && {PY} -m fp4quant.cluster run --rate-mbit {rate} --nodes {NODES}"
             f" --nproc-per-node {TRAIN['tp'] // NODES} --record {run}/cluster.json -- -m fp4quant.train"
             f" --model {TRAIN['model']} --tp {TRAIN['tp']} --comm {comm} --steps {VALIDATION.get('steps', 30)}"
@@ -25,13 +29,13 @@ rule validation_rate:
         rules.build_extension.output.info,
         data=rules.prepare_data.output.meta,
     output:
-        probe=f"{VDIR}/rate{{rate}}/probe.json",
-        record=f"{VDIR}/rate{{rate}}/probe.cluster.json",
-        runs=[f"{VDIR}/rate{{rate}}/{c}/summary.json" for c in VCOMMS],
+        probe=f"{VDIR}/repeat{{repeat}}/rate{{rate}}/probe.json",
+        record=f"{VDIR}/repeat{{repeat}}/rate{{rate}}/probe.cluster.json",
+        runs=[f"{VDIR}/repeat{{repeat}}/rate{{rate}}/{c}/summary.json" for c in VCOMMS],
     log:
-        f"{OUT}/logs/validation_{{rate}}.log",
+        f"{OUT}/logs/validation_{{repeat}}_{{rate}}.log",
     params:
-        runs=lambda wc: " && ".join(validation_train(wc.rate, c) for c in VCOMMS),
+        runs=lambda wc: " && ".join(validation_train(wc.repeat, wc.rate, c) for c in VCOMMS),
     threads: workflow.cores
     shell:
         "({PY} -m fp4quant.cluster run --rate-mbit {wildcards.rate} --nodes {NODES} --record {output.record} --"
@@ -41,14 +45,15 @@ rule validation_rate:
 
 rule model_validation:
     input:
-        probes=expand(f"{VDIR}/rate{{rate}}/probe.json", rate=VRATES),
-        runs=expand(f"{VDIR}/rate{{rate}}/{{comm}}/summary.json", rate=VRATES, comm=VCOMMS),
+        probes=expand(f"{VDIR}/repeat{{repeat}}/rate{{rate}}/probe.json", repeat=VREPEATS, rate=VRATES),
+        runs=expand(f"{VDIR}/repeat{{repeat}}/rate{{rate}}/{{comm}}/summary.json", repeat=VREPEATS, rate=VRATES,
+                    comm=VCOMMS),
     output:
         f"{OUT}/results/model_validation.csv",
     log:
         f"{OUT}/logs/model_validation.log",
     params:
-        cases=" ".join(f"--case {VDIR}/rate{r}/probe.json " + " ".join(f"{VDIR}/rate{r}/{c}" for c in VCOMMS)
-                       for r in VRATES),
+        cases=" ".join(f"--case {VDIR}/repeat{k}/rate{r}/probe.json "
+                       + " ".join(f"{VDIR}/repeat{k}/rate{r}/{c}" for c in VCOMMS) for k in VREPEATS for r in VRATES),
     shell:
         "{PY} -m fp4quant.perfmodel.validate {params.cases} --out {output} 2> {log}"
