@@ -11,7 +11,7 @@ primitives need not reach the same rate: this times each of them, plus a concurr
 reports the rate per rank (sent bytes / seconds).  Each timed call follows a barrier; the
 slowest rank's time counts.
 
-Rows: primitive, sent_bytes (per rank), iters, latency_s (median) with min and max,
+Rows: primitive, size_bytes (asked), sent_bytes (what each rank sends), iters, latency_s (median) with min and max,
 MBps_per_rank (sent bytes / median seconds), world_size, backend, provenance.  Rank 0
 writes ``--out`` (CSV, atomically) and ``--out``.meta.json.
 """
@@ -33,22 +33,22 @@ SIZES = (65536, 262144, 1 << 20, 4 << 20)
 PRIMITIVES = ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "isend_irecv")
 
 
-def exchange(primitive: str, sent_bytes: int, rank: int, world: int) -> Callable[[], None]:
-    """A call of ``primitive`` in which each rank sends ``sent_bytes`` (rounded down to an even
-    count per peer) over the group."""
+def exchange(primitive: str, sent_bytes: int, rank: int, world: int) -> tuple[Callable[[], None], int]:
+    """A call of ``primitive`` in which each rank sends about ``sent_bytes`` over the group, and
+    the bytes it does send (an even count per peer; the ring's share of whole BF16 values)."""
     per_peer = max(2, sent_bytes // max(world - 1, 1) // 2 * 2)
     if primitive == "all_reduce":  # a ring all-reduce of N bytes sends 2 (W-1)/W N per rank
         values = max(world, sent_bytes * world // (2 * max(world - 1, 1)) // 2)
         t = torch.zeros(values, dtype=torch.bfloat16)
-        return lambda: dist.all_reduce(t)
+        return (lambda: dist.all_reduce(t)), 2 * (world - 1) * 2 * values // world
     if primitive == "all_to_all_single":  # W chunks, W-1 of them leave
         src = torch.zeros(world * per_peer, dtype=torch.uint8)
         dst = torch.empty_like(src)
-        return lambda: dist.all_to_all_single(dst, src)
+        return (lambda: dist.all_to_all_single(dst, src)), (world - 1) * per_peer
     if primitive == "all_gather_into_tensor":  # the shard goes to each of W-1 peers
         shard = torch.zeros(per_peer, dtype=torch.uint8)
         out = torch.empty(world * per_peer, dtype=torch.uint8)
-        return lambda: dist.all_gather_into_tensor(out, shard)
+        return (lambda: dist.all_gather_into_tensor(out, shard)), (world - 1) * per_peer
     if primitive == "isend_irecv":  # every pair at once, both directions posted before waiting
         src = torch.zeros(world * per_peer, dtype=torch.uint8)
         dst = torch.empty_like(src)
@@ -59,7 +59,7 @@ def exchange(primitive: str, sent_bytes: int, rank: int, world: int) -> Callable
             reqs += [dist.irecv(dst[p * per_peer:(p + 1) * per_peer], p) for p in peers]
             for q in reqs:
                 q.wait()
-        return pairs
+        return pairs, (world - 1) * per_peer
     raise ValueError(f"unknown primitive {primitive!r}; known: {', '.join(PRIMITIVES)}")
 
 
@@ -95,14 +95,15 @@ def main(argv=None) -> int:
     rows = []
     for size in a.sizes:
         for primitive in a.primitives:
-            times = time_calls(exchange(primitive, size, rank, world), a.iters)
+            fn, sent = exchange(primitive, size, rank, world)
+            times = time_calls(fn, a.iters)
             median = statistics.median(times)
-            rows.append({"primitive": primitive, "sent_bytes": size, "iters": a.iters, "latency_s": median,
-                         "latency_min_s": min(times), "latency_max_s": max(times), "MBps_per_rank": size / median / 1e6,
-                         "world_size": world, "backend": dist.get_backend()})
+            rows.append({"primitive": primitive, "size_bytes": size, "sent_bytes": sent, "iters": a.iters,
+                         "latency_s": median, "latency_min_s": min(times), "latency_max_s": max(times),
+                         "MBps_per_rank": sent / median / 1e6, "world_size": world, "backend": dist.get_backend()})
             if rank == 0:
-                print(f"{primitive:>24} {size:>10} B: {1e3 * median:9.2f} ms ({min(times) * 1e3:.2f}-{max(times) * 1e3:.2f}),"
-                      f" {size / median / 1e6:6.2f} MB/s per rank", file=sys.stderr, flush=True)
+                print(f"{primitive:>24} {sent:>10} B: {1e3 * median:9.2f} ms ({min(times) * 1e3:.2f}-{max(times) * 1e3:.2f}),"
+                      f" {sent / median / 1e6:6.2f} MB/s per rank", file=sys.stderr, flush=True)
     if rank == 0:
         prov = provenance(sizes=a.sizes, iters=a.iters, argv=sys.argv[1:] if argv is None else argv)
         for r in rows:

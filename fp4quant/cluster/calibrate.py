@@ -58,7 +58,7 @@ class CollectiveGaps:
     """Idle gaps of ``gap_s`` at the places of a TP step's collectives on a shard run alone
     (world 1, where its mappings send nothing): after the embedding and each attention and
     MLP block forward, and as the gradients of each attention and MLP block's input and the
-    LM head's input are ready backward, 2 x (2 layers + 1) a step as the run's all-reduces.
+    LM head's input are ready backward: 2 x (2 x layers + 1) a step, as the run's all-reduces.
     ``slept_s`` sums the gaps since ``reset`` (the step's time leaves them out).
 
     Why: a rank's compute is cut into short segments by waits on the link, and after each

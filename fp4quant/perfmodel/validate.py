@@ -20,8 +20,8 @@ and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone
 of a rank while all compute, cut by idle gaps where the run's all-reduces are, as long as
 they take under the run's comm (the probe's compute_by_comm); the codec at the all-reduce's
 shapes and rounding; the link fitted to its all-reduces (model.fit_link: the slope of the
-medians, the latency from the smallest message's mean) with the token bucket's depth from
-the record; the scalar all-reduces as the probe timed them inside its steps; the ranks'
+medians; the latency from the smallest message, its mean over the probe's many where it
+rides on the burst) with the token bucket's depth from the record; the scalar all-reduces as the probe timed them inside its steps; the ranks'
 skew (a rank's wait for a slower one, which the trainer's timers count as communication).
 Nothing is fitted to the training runs.  Rows: config,
 comm, component (compute, quantize, dequantize, codec, communication, scalar, total),
@@ -107,7 +107,8 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
     """The emulated machine as the probe measured it (see fp4quant.perfmodel.probe), its
     compute as the probe timed it under ``comm``'s waits where the probe has that."""
     link = sorted(probe["link"], key=lambda r: r["size_bytes"])
-    compute = probe.get("compute_by_comm", {}).get(comm, probe)
+    by_comm = probe.get("compute_by_comm", {})
+    compute = by_comm.get(comm) or by_comm.get("bf16") or probe  # a comm it did not time: BF16's waits
     # medians for the bandwidth's slope; the smallest message's mean (where the probe has it)
     # for the latency, which a run's many small all-reduces add up to
     latencies = [r.get("latency_mean_s", r["latency_s"]) if i == 0 else r["latency_s"] for i, r in enumerate(link)]
@@ -181,6 +182,8 @@ def summary(df):
     rel_error the mean of the repeats' errors and rel_error_min / _max their range."""
     import pandas as pd
 
+    columns = ["config", "comm", "component", "repeats", "measured_s", "measured_sd_s", "predicted_s", "rel_error",
+               "rel_error_min", "rel_error_max"]
     out = []
     for (config, component), g in df.groupby(["config", "component"], sort=False):
         errors = pd.to_numeric(g.rel_error, errors="coerce").dropna()
@@ -190,7 +193,7 @@ def summary(df):
                     "predicted_s": g.predicted_s.mean(),
                     "rel_error": errors.mean() if len(errors) else "",
                     "rel_error_min": errors.min() if len(errors) else "", "rel_error_max": errors.max() if len(errors) else ""})
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=columns)
 
 
 def main(argv=None) -> int:

@@ -154,3 +154,12 @@ def test_the_machine_takes_the_probes_compute_for_the_runs_comm_and_the_mean_lat
     assert fp4.inter_latency == pytest.approx(3e-3 / 2)
     old, _ = validate.machine_from_probe(PROBE, 131072, comm="fp4quant")
     assert old.inter_latency == pytest.approx((1e-3 + 4096 / 5e6) / 2)
+
+
+def test_a_comm_the_probe_did_not_time_takes_bf16s_compute_and_an_empty_summary_keeps_its_columns():
+    probe = {**PROBE, "compute_by_comm": {"bf16": {"rank_flops": 3e10, "skew_s": 0.001, "scalar_allreduce_s": 2e-3}}}
+    m, _ = validate.machine_from_probe(probe, 131072, comm="nvfp4")
+    assert (m.rank_flops, m.skew_s, m.scalar_allreduce_s) == (3e10, 0.001, 2e-3)
+    empty = validate.summary(pd.DataFrame(columns=["config", "comm", "component", "measured_s", "measured_sd_s",
+                                                   "predicted_s", "rel_error"]))
+    assert empty.empty and {"config", "rel_error_min", "rel_error_max", "repeats"} <= set(empty.columns)
