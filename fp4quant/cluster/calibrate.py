@@ -34,7 +34,8 @@ from .. import ops
 from ..format.config import QuantConfig
 from ..models import ModelConfig, Qwen2ForCausalLM
 from ..comm.dilation import TARGET_VALUE_BYTES
-from ..parallel import TPCommunicator
+from ..comm.plan import shard_values
+from ..parallel import CommConfig, TPCommunicator
 from .netns import LinkSpec
 
 
@@ -64,28 +65,71 @@ class CollectiveGaps:
     Why: a rank's compute is cut into short segments by waits on the link, and after each
     wait its core has idled and its caches cooled.  On the 2-core EPYC the tiny model's
     shard step took 62-66 ms back to back or with 0.5-2 ms gaps, 69-70 ms with 8-20 ms gaps
-    (the BF16 all-reduces at 30-60 Mbit/s take 18-36 ms)."""
+    (the BF16 all-reduces at 30-60 Mbit/s take 18-36 ms).
 
-    def __init__(self, net: Qwen2ForCausalLM, gap_s: float):
-        self.gap_s, self.slept_s, self.naps = gap_s, 0.0, 0
+    ``codec`` (a CommConfig): each gap also runs the codec of a two-shot all-reduce over
+    ``world`` ranks on the tensor the run would send there (the block's output forward, its
+    input gradient backward), under that direction's QuantConfig: quantize, half the gap
+    (the reduce-scatter's wait), dequantize-reduce, the other half, dequantize.  So each op
+    meets its data as a run's does: just computed, or after a wait.  ``codec_s`` sums each
+    direction's seconds per op (``codec_calls`` its calls); the step's time leaves them out
+    (``codec_total_s``)."""
+
+    OPS = ("quantize", "dequantize_reduce", "dequantize")
+
+    def __init__(self, net: Qwen2ForCausalLM, gap_s: float, codec: CommConfig | None = None, world: int = 1):
+        if codec is not None and world < 2:
+            raise ValueError(f"the codec of a two-shot all-reduce needs a world of at least 2, got {world}")
+        self.gap_s, self.codec, self.world = gap_s, codec, world
+        self.reset()
         blocks = [m for layer in net.model.layers for m in (layer.self_attn, layer.mlp)]
         self.handles = [m.register_forward_hook(self._forward) for m in (net.model.embed_tokens, *blocks)]
         self.handles += [m.register_full_backward_hook(self._backward) for m in (*blocks, net.lm_head)]
 
     def reset(self) -> None:
         self.slept_s, self.naps = 0.0, 0
+        self.codec_s = {d: dict.fromkeys(self.OPS, 0.0) for d in ("fwd", "bwd")}
+        self.codec_calls = {"fwd": 0, "bwd": 0}
 
-    def _nap(self) -> None:
-        self.naps += 1
+    @property
+    def codec_total_s(self) -> float:
+        return sum(sum(ops_.values()) for ops_ in self.codec_s.values())
+
+    def _sleep(self, seconds: float) -> None:
         t = time.perf_counter()
-        time.sleep(self.gap_s)
+        time.sleep(seconds)
         self.slept_s += time.perf_counter() - t
 
+    def _nap(self, direction: str, sent: torch.Tensor | None) -> None:
+        self.naps += 1
+        config = getattr(self.codec, direction) if self.codec is not None else None
+        if config is None or not config.compressed or sent is None:
+            self._sleep(self.gap_s)
+            return
+        flat = sent.detach().reshape(-1)
+        shard = shard_values(flat.numel(), self.world, config.block)
+        if flat.numel() < self.world * shard:
+            flat = torch.cat([flat, flat.new_zeros(self.world * shard - flat.numel())])
+        seconds = self.codec_s[direction]
+        t = time.perf_counter()
+        msgs = ops.quantize_rows(flat.view(self.world, shard), config, 1, 0)
+        seconds["quantize"] += time.perf_counter() - t
+        self._sleep(self.gap_s / 2)
+        t = time.perf_counter()
+        reduced = ops.dequantize_reduce(msgs, shard, config, flat.dtype, requantize=True, seed=1, offset=0)
+        seconds["dequantize_reduce"] += time.perf_counter() - t
+        self._sleep(self.gap_s / 2)
+        gathered = reduced.repeat(self.world).view(self.world, -1)  # stands for the shards the peers send
+        t = time.perf_counter()
+        ops.dequantize_rows(gathered, shard, config, flat.dtype, saturate=False)
+        seconds["dequantize"] += time.perf_counter() - t
+        self.codec_calls[direction] += 1
+
     def _forward(self, module, inputs, output) -> None:
-        self._nap()
+        self._nap("fwd", output if isinstance(output, torch.Tensor) else None)
 
     def _backward(self, module, grad_input, grad_output) -> None:
-        self._nap()
+        self._nap("bwd", grad_input[0] if grad_input and isinstance(grad_input[0], torch.Tensor) else None)
 
     def remove(self) -> None:
         for h in self.handles:
@@ -94,7 +138,8 @@ class CollectiveGaps:
 
 def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps: int,
                       paced: bool = False, collective_gap_s: float = 0.0,
-                      scalar_allreduce_s: list[float] | None = None) -> list[float]:
+                      scalar_allreduce_s: list[float] | None = None,
+                      codec: CommConfig | None = None, codec_s: list[dict] | None = None) -> list[float]:
     """Seconds of each of ``steps`` whole training steps (forward, backward, AdamW step) of one
     TP rank's shard, after a warm-up step (not returned); ``paced``: each after an idle gap as
     long as the previous step (as a run's compute between link waits); ``collective_gap_s``:
@@ -108,7 +153,7 @@ def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps:
     # at world 1 the mappings send nothing, so this times exactly a rank's compute.
     net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
     net.tp.world = 1
-    gaps = CollectiveGaps(net, collective_gap_s) if collective_gap_s > 0 else None
+    gaps = CollectiveGaps(net, collective_gap_s, codec, tp) if collective_gap_s > 0 else None
     scalar = torch.zeros(1, dtype=torch.float64)
     in_scalar = [0.0]
 
@@ -136,9 +181,12 @@ def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps:
             scalar_allreduces(2)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0 - (gaps.slept_s if gaps is not None else 0.0) - in_scalar[0])
+        apart = gaps.slept_s + gaps.codec_total_s if gaps is not None else 0.0
+        times.append(time.perf_counter() - t0 - apart - in_scalar[0])
         if scalar_allreduce_s is not None and i > 0:
             scalar_allreduce_s.append(in_scalar[0])
+        if codec_s is not None and gaps is not None and i > 0:
+            codec_s.append({d: {**ops_, "calls": gaps.codec_calls[d]} for d, ops_ in gaps.codec_s.items()})
     return times[1:]
 
 

@@ -20,12 +20,18 @@ compute  every rank computes its shard at once, sharing the cores and memory: ea
          the step between steps)
 codec    the two-shot all-reduce quantizes (W, N/W) rows, dequantize-reduces W messages of
          N/W values into one shard (re-quantizing it) and dequantizes W shards; backward
-         traffic uses stochastic rounding ("<preset>:sr"), which costs more.  Timed twice:
-         each op alone in a loop at exactly those shapes ("codec_hot_values_per_s"), and
-         inside real compressed all-reduces (fp4quant.comm.all_reduce, its quantize /
-         dequantize timers) with --evict-mib of memory touched before each, as the compute
-         between a step's all-reduces does ("codec_values_per_s": what the model uses; the
-         hot loop's ratio splits the decoding time between dequantize-reduce and dequantize)
+         traffic uses stochastic rounding ("<preset>:sr"), which costs more.  Timed three
+         times: inside the compute probe's gapped steps, on the tensors the run sends, where
+         it sends them, each op before or after its share of the wait (calibrate.
+         CollectiveGaps; compute_by_comm[preset]["codec_values_per_s"]: what the model
+         uses, since an op's speed depends on how warm its data is and the run's state is
+         hard to stage: all-reduces with 32 MiB touched before each came out 15-30% slower
+         than the runs' timers, with 2 MiB 10-30% faster); each op alone in a loop at exactly
+         those shapes ("codec_hot_values_per_s"); and inside real compressed all-reduces
+         (fp4quant.comm.all_reduce, its quantize / dequantize timers) with --evict-mib of
+         memory touched before each ("codec_values_per_s": the model's figures for probes
+         without the in-step ones; the hot loop's ratio splits the decoding time between
+         dequantize-reduce and dequantize)
 exact    the trainer's uncompressed scalar all-reduces (vocab-parallel cross-entropy, gradient
          norm, the non-finite check): run inside the compute probe's steps where the trainer
          issues them (calibrate.rank_step_seconds), so that each waits, as in a run, for
@@ -57,6 +63,7 @@ from .. import comm, ops
 from ..cluster.calibrate import measure_training_flops, rank_step_seconds
 from ..format.config import QuantConfig
 from ..models.config import ModelConfig
+from ..parallel import CommConfig
 from ..provenance import atomic_write_json, provenance
 from ..comm import RandomStreams
 from ..threads import pin_threads
@@ -161,6 +168,24 @@ def in_collective_rates(values: int, world: int, presets: list[str], hot: dict[s
     return out
 
 
+def in_step_codec_rates(preset: str, per_rank: list[list[dict]], values: int, world: int) -> dict[str, dict[str, float]]:
+    """values/s of each codec op as the gapped compute steps timed it (calibrate.CollectiveGaps
+    with a codec; ``per_rank``: each rank's steps, each {direction: {op: seconds, "calls": n}}):
+    the mean over ranks and steps of the seconds a call, forward under ``preset`` (round to
+    nearest), backward under "<preset>:sr", counted as codec_rates counts them.  The mean, not
+    the slowest rank: the trainer's codec timers are rank 0's, a wait for a slower rank shows
+    as skew."""
+    out: dict[str, dict[str, float]] = {}
+    for direction, key in (("fwd", preset), ("bwd", f"{preset}:sr")):
+        records = [s[direction] for steps in per_rank for s in steps if s[direction]["calls"]]
+        if not records:
+            continue
+        calls = sum(r["calls"] for r in records)
+        out[key] = {op: shard_or_values(op, values, world) * calls / sum(r[op] for r in records)
+                    for op in ("quantize", "dequantize_reduce", "dequantize")}
+    return out
+
+
 def link_timings(sizes: list[int], iters: int, budget_bytes: int, latency_iters: int = 100) -> list[dict]:
     """Median and mean (slowest rank's) seconds of uncompressed BF16 all-reduces of ``sizes``
     bytes; ``latency_iters`` of those no larger than LATENCY_MESSAGE_BYTES (their time is
@@ -236,17 +261,19 @@ def main(argv=None) -> int:
     gaps = collective_gaps(link, values, world, a.presets)
     dist.barrier()
     step_flops = cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world
-    gapped, scalar = {}, {}
-    for comm_name, gap in gaps.items():  # the run's compute cut by its all-reduces' waits
-        scalar[comm_name] = []
+    gapped, scalar, in_step = {}, {}, {}
+    for comm_name, gap in gaps.items():  # the run's compute cut by its all-reduces' waits (and codec)
+        scalar[comm_name], in_step[comm_name] = [], []
+        codec_config = CommConfig.from_preset(comm_name) if QuantConfig.preset(comm_name).compressed and world > 1 else None
         gapped[comm_name] = rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps,
-                                              collective_gap_s=gap, scalar_allreduce_s=scalar[comm_name])
+                                              collective_gap_s=gap, scalar_allreduce_s=scalar[comm_name],
+                                              codec=codec_config, codec_s=in_step[comm_name])
         dist.barrier()
     hot = codec_rates(values, world, a.presets)
     codec = in_collective_rates(values, world, a.presets, hot, evict_mib=a.evict_mib)
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"gapped_s": gapped, "scalar_s": scalar, "continuous": continuous, "codec": codec, "hot": hot,
-                                      "load": os.getloadavg()[0]})
+                                      "in_step": in_step, "load": os.getloadavg()[0]})
     exact = exact_allreduce_s()
     if rank == 0:
         # the step waits for its slowest rank: the smallest codec rates
@@ -260,6 +287,10 @@ def main(argv=None) -> int:
                        "scalar_allreduce_s": statistics.fmean(t for g in gathered for t in g["scalar_s"][c])
                        / SCALAR_ALLREDUCES}
                    for c in gaps}
+        for c, entry in by_comm.items():
+            rates = in_step_codec_rates(c, [g["in_step"][c] for g in gathered], values, world)
+            if rates:
+                entry["codec_values_per_s"] = rates
         atomic_write_json(a.out, {
             "rank_flops": by_comm["bf16"]["rank_flops"], "skew_s": by_comm["bf16"]["skew_s"], "compute_by_comm": by_comm,
             "rank_flops_continuous": min(g["continuous"] for g in gathered), "load_average_1min": gathered[0]["load"],

@@ -19,7 +19,8 @@ measured   total = step_time_s; codec = the codec timers (quantize_s + dequantiz
 and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone: FLOP/s
 of a rank while all compute, cut by idle gaps where the run's all-reduces are, as long as
 they take under the run's comm (the probe's compute_by_comm); the codec at the all-reduce's
-shapes and rounding; the link fitted to its all-reduces (model.fit_link: the slope of the
+shapes and rounding, timed inside those steps where the run runs it (older probes: inside
+real compressed all-reduces); the link fitted to its all-reduces (model.fit_link: the slope of the
 medians; the latency from the smallest message, its mean over the probe's many where it
 rides on the burst) with the token bucket's depth from the record; the scalar all-reduces as the probe timed them inside its steps; the ranks'
 skew (a rank's wait for a slower one, which the trainer's timers count as communication).
@@ -113,7 +114,9 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
     # for the latency, which a run's many small all-reduces add up to
     latencies = [r.get("latency_mean_s", r["latency_s"]) if i == 0 else r["latency_s"] for i, r in enumerate(link)]
     alpha, bw = fit_link([r["size_bytes"] for r in link], latencies, probe["world"], burst_bytes)
-    codec = {k: {op: v / codec_stretch for op, v in ops.items()} for k, ops in probe["codec_values_per_s"].items()}
+    # the codec as the gapped steps timed it (in place, where the run runs it), else in loops
+    table = compute.get("codec_values_per_s") or probe["codec_values_per_s"]
+    codec = {k: {op: v / codec_stretch for op, v in ops.items()} for k, ops in table.items()}
     m = Machine(name="emulated cluster (probed)", rank_flops=compute["rank_flops"], inter_bw=bw, inter_latency=alpha,
                 intra_bw=bw, intra_latency=alpha, ranks_per_node=1, codec_values_per_s=codec,
                 burst_bytes=burst_bytes,

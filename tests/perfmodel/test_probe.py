@@ -15,10 +15,11 @@ import math
 import pytest
 import torch
 
+from fp4quant import ops
 from fp4quant.cluster.calibrate import CollectiveGaps
 from fp4quant.format.config import QuantConfig
 from fp4quant.models import ModelConfig, Qwen2ForCausalLM
-from fp4quant.parallel import TPCommunicator
+from fp4quant.parallel import CommConfig, TPCommunicator
 from fp4quant.perfmodel import Machine, Workload, allreduce_time, probe, step
 
 
@@ -88,6 +89,41 @@ def test_collective_gaps_sit_where_the_runs_all_reduces_are():
     gaps.remove()
     net.loss(ids, ids).backward()
     assert gaps.naps == 0
+
+
+def test_collective_gaps_with_a_codec_run_it_on_the_tensors_the_run_sends(monkeypatch):
+    cfg = ModelConfig.preset("tiny")
+    net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(2))
+    net.tp.world = 1
+    gaps = CollectiveGaps(net, 1e-4, CommConfig.from_preset("fp4quant", compress="bwd"), world=2)
+    sent = []
+    real = ops.quantize_rows
+    monkeypatch.setattr(ops, "quantize_rows",
+                        lambda x, config, *args: sent.append((tuple(x.shape), config.rounding)) or real(x, config, *args))
+    ids = torch.randint(0, cfg.vocab_size // 2, (1, 16))
+    net.loss(ids, ids).backward()
+    per_direction = 2 * cfg.num_layers + 1
+    assert gaps.naps == 2 * per_direction and gaps.slept_s >= gaps.naps * 1e-4
+    # forward is BF16 on the wire (no codec); backward each input gradient, (W, N / W) rows, stochastic
+    assert gaps.codec_calls == {"fwd": 0, "bwd": per_direction}
+    assert sent == [((2, 16 * cfg.hidden_size // 2), "stochastic")] * per_direction
+    assert all(v > 0 for v in gaps.codec_s["bwd"].values()) and set(gaps.codec_s["fwd"].values()) == {0.0}
+    assert gaps.codec_total_s == pytest.approx(sum(gaps.codec_s["bwd"].values()))
+    gaps.reset()
+    assert gaps.codec_calls == {"fwd": 0, "bwd": 0} and gaps.codec_total_s == 0.0
+    with pytest.raises(ValueError, match="world of at least 2"):
+        CollectiveGaps(net, 1e-4, CommConfig.from_preset("fp4quant"), world=1)
+
+
+def test_in_step_codec_rates_are_the_mean_seconds_a_call_over_ranks_and_steps():
+    def steps(q):  # one rank's two steps: 3 forward calls each, backward none
+        return [{"fwd": {"quantize": q, "dequantize_reduce": 2 * q, "dequantize": 4 * q, "calls": 3},
+                 "bwd": {"quantize": 0.0, "dequantize_reduce": 0.0, "dequantize": 0.0, "calls": 0}}] * 2
+    rates = probe.in_step_codec_rates("fp4quant", [steps(3e-3), steps(6e-3)], 4096, 4)
+    assert set(rates) == {"fp4quant"}  # no backward calls: no "fp4quant:sr"
+    # 12 calls in 2 x 3 + 2 x 6 = 18 ms of quantize: 1.5 ms a call; the reduce counts the shard
+    assert rates["fp4quant"] == pytest.approx({"quantize": 4096 / 1.5e-3, "dequantize_reduce": 1024 / 3e-3,
+                                               "dequantize": 4096 / 6e-3})
 
 
 def test_codec_rates_count_the_shard_for_the_reduce_as_the_model_does(monkeypatch):

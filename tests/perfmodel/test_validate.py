@@ -156,6 +156,17 @@ def test_the_machine_takes_the_probes_compute_for_the_runs_comm_and_the_mean_lat
     assert old.inter_latency == pytest.approx((1e-3 + 4096 / 5e6) / 2)
 
 
+def test_the_machine_takes_the_codec_the_gapped_steps_timed_where_the_probe_has_it():
+    in_step = {"fp4quant": {"quantize": 7e8, "dequantize_reduce": 9e8, "dequantize": 8e8},
+               "fp4quant:sr": {"quantize": 3e8, "dequantize_reduce": 4e8, "dequantize": 6e8}}
+    by_comm = {"bf16": {"rank_flops": 3e10}, "fp4quant": {"rank_flops": 3e10, "codec_values_per_s": in_step}}
+    probe = {**PROBE, "compute_by_comm": by_comm}
+    m, _ = validate.machine_from_probe(probe, 131072, comm="fp4quant", codec_stretch=2.0)
+    assert m.codec_values_per_s == {k: {op: v / 2 for op, v in ops.items()} for k, ops in in_step.items()}
+    bf16, _ = validate.machine_from_probe(probe, 131072, comm="bf16")  # none in BF16's steps: the all-reduces'
+    assert bf16.codec_values_per_s == PROBE["codec_values_per_s"]
+
+
 def test_a_comm_the_probe_did_not_time_takes_bf16s_compute_and_an_empty_summary_keeps_its_columns():
     probe = {**PROBE, "compute_by_comm": {"bf16": {"rank_flops": 3e10, "skew_s": 0.001, "scalar_allreduce_s": 2e-3}}}
     m, _ = validate.machine_from_probe(probe, 131072, comm="nvfp4")
