@@ -91,7 +91,9 @@ def cmd_study(a) -> None:
 
 def check_inputs(a) -> None:
     """The figure or table's inputs (--inputs: every input of the figure set) come from one origin."""
-    check_same_origin(a.inputs or [Path(a.results) / f"{name}.csv" for name in READS[a.name]])
+    paths = [Path(p) for p in a.inputs] or [Path(a.results) / f"{name}.csv" for name in READS[a.name]]
+    traffic = getattr(a, "traffic", None)
+    check_same_origin(paths + ([Path(traffic)] if traffic and Path(traffic) not in paths else []))
 
 
 def cmd_figure(a) -> None:
@@ -118,7 +120,8 @@ def cmd_figure(a) -> None:
     elif a.name == "traffic":  # --results: the folder of bench/traffic.csv
         figures.traffic(read("traffic"), a.out, a.profile)
     elif a.name == "tradeoff":
-        figures.tradeoff(read("convergence_summary"), a.out, a.profile)
+        figures.tradeoff(read("convergence_summary"), a.out, a.profile,
+                         pd.read_csv(a.traffic) if a.traffic else None)
     elif a.name == "convergence":
         figures.convergence(read("curves"), read("training"), a.out, a.profile)
     else:
@@ -174,6 +177,8 @@ def main(argv=None) -> int:
     s.add_argument("--tables-dir", required=True, help="training.csv and curves.csv (the convergence figure's)")
     f = sub.add_parser("figure", help="one of the paper's figures")
     f.add_argument("name", choices=list(dict.fromkeys(FIGURES + STUDY_FIGURES)))
+    f.add_argument("--traffic", default=None,
+                   help="tradeoff: bench.traffic's summary CSV (SQNR on captured TP traffic), drawn beside the loss gap")
     t = sub.add_parser("table", help="one of the paper's tables")
     t.add_argument("name", choices=TABLES)
     for p in (f, t):

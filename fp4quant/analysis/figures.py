@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from ..format.config import QuantConfig  # noqa: E402
 from ..perfmodel import validate  # noqa: E402
 from ..provenance import atomic_write_bytes  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
@@ -218,18 +219,29 @@ def dashes(series) -> dict:
     return {v: styles[i % len(styles)] for i, v in enumerate(ORDER + [x for x in _order(series) if x not in ORDER])}
 
 
+OFF_SCALE_NATS = 0.2  # a difference panel's curve this far (and 3x the typical) from 0 at the end is drawn off its axis
+
+
+def off_scale(final: pd.Series) -> list[str]:
+    """The series (index) whose final difference ``final`` is so far from the rest that the
+    panel's axis would flatten the others: beyond OFF_SCALE_NATS and 3x the median |final|."""
+    limit = max(OFF_SCALE_NATS, 3 * float(final.abs().median()))
+    return [k for k, v in final.items() if abs(v) > limit]
+
+
 def convergence(curves: pd.DataFrame, training: pd.DataFrame, out, profile: str) -> None:
     """Left: training loss per step (a 10-step moving average) per TP communication, the band
     spanning the seeds.  Right: the paired difference to BF16 (same seed, same step), so that
-    curves lying on each other stay visible."""
+    curves lying on each other stay visible; a curve far off the others (off_scale) is left off
+    its axis and named with its final difference."""
     c = with_series(curves).sort_values("step").copy()
     c["loss"] = c.groupby(["series", "seed"]).loss.transform(lambda s: s.rolling(ROLLING, min_periods=1).mean())
     seeds = c.groupby("series").seed.nunique()
     order, colours, styles = _order(c.series), palette(c.series), dashes(c.series)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.8))
     band = ("pi", 100) if seeds.max() > 1 else None  # min-max over seeds
     sns.lineplot(data=c, x="step", y="loss", hue="series", style="series", hue_order=order, style_order=order,
-                 palette=colours, dashes=styles, errorbar=band, ax=a)
+                 palette=colours, dashes=styles, errorbar=band, ax=a, legend=False)
     n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     a.set(ylabel=f"training loss (nats/token), {ROLLING}-step mean",
           title=f"{c.model.iloc[0]}: loss" + (f", band = min-max over {n} seeds" if band else ", one seed"))
@@ -239,37 +251,97 @@ def convergence(curves: pd.DataFrame, training: pd.DataFrame, out, profile: str)
         d = c[c.series != "bf16"].copy()
         d["difference"] = d.loss.to_numpy() - base.reindex(pd.MultiIndex.from_frame(d[["seed", "step"]])).to_numpy()
         d = d.dropna(subset=["difference"])
-        rest = [x for x in order if x != "bf16"]
-        sns.lineplot(data=d, x="step", y="difference", hue="series", style="series", hue_order=rest, style_order=rest,
-                     palette=colours, dashes=styles, errorbar=band, ax=b)
+        last = d[d.step >= d.step.max() - ROLLING]
+        final = last.groupby("series").difference.mean()
+        away = off_scale(final)
+        rest = [x for x in order if x != "bf16" and x not in away]
+        sns.lineplot(data=d[d.series.isin(rest)], x="step", y="difference", hue="series", style="series",
+                     hue_order=rest, style_order=rest, palette=colours, dashes=styles, errorbar=band, ax=b,
+                     legend=False)
         b.axhline(0.0, color="k", lw=0.8)
-        b.set(ylabel="loss - BF16's (same seed and step)", title="paired difference to BF16")
+        note = "; ".join(f"{x} off the axis ({final[x]:+.2f} at the end)" for x in away)
+        b.set(ylabel="loss - BF16's (same seed and step)", title="paired difference to BF16" + (f"\n{note}" if note else ""))
         b.title.set_fontsize(8)
     else:
         b.set_axis_off()
+    handles = [plt.Line2D([], [], color=colours[x], label=x, **({"dashes": styles[x]} if styles[x] else {}))
+               for x in order]
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, title="TP traffic",
+               title_fontsize=7, frameon=False)
     _finish(fig, training, profile, out)
 
 
-def tradeoff(summary: pd.DataFrame, out, profile: str) -> None:
+def traffic_sqnr(traffic: pd.DataFrame) -> pd.DataFrame:
+    """bench.traffic's summary as the trade-off plots it: each preset (and 4-over-6 on the
+    unrotated and the whole-group rotation) per direction, its pooled SQNR and its bits per
+    value on the wire."""
+    presets = traffic[(traffic.study == "presets") & (traffic.scale_select == "max_to_6")]
+    four = traffic[(traffic.scale_select == "4_over_6") & traffic.rotation.isin(["none", "group"])
+                   & traffic.method.isin(["no_fwht", "nvfp4"])]
+    rows = [{"label": r.method, "direction": r.direction, "sqnr_db": r.sqnr_pooled_db,
+             "bits": QuantConfig.preset(r.method).bits_per_value} for r in presets.itertuples()]
+    rows += [{"label": f"{'fp4quant' if r.rotation == 'group' and r.method == 'no_fwht' else r.method} + 4 over 6",
+              "direction": r.direction, "sqnr_db": r.sqnr_pooled_db,
+              "bits": QuantConfig.preset(r.method).bits_per_value} for r in four.itertuples()]
+    return pd.DataFrame(rows, columns=["label", "direction", "sqnr_db", "bits"])
+
+
+def dodged(bits: pd.Series, step: float = 0.02) -> dict:
+    """x positions (log scale) for points at ``bits`` (indexed by name): those within 3% of one
+    another set apart by ``step`` decades each, so that none hides another."""
+    out, group = {}, []
+    for name, b in list(bits.sort_values().items()) + [(None, float("inf"))]:
+        if group and (name is None or b > group[0][1] * 1.03):
+            for i, (n, v) in enumerate(group):
+                out[n] = v * 10 ** (step * (i - (len(group) - 1) / 2))
+            group = []
+        if name is not None:
+            group.append((name, b))
+    return out
+
+
+def tradeoff(summary: pd.DataFrame, out, profile: str, traffic: pd.DataFrame | None = None) -> None:
     """The convergence study's trade-off (fp4quant.analysis.study): left, each configuration's
     validation-loss gap to BF16 (mean over seeds, bars: the paired 95% t interval) against the
-    bits per value it sent; right, the step model's projected H100 speedup over BF16 of the same
-    traffic (assumed figures)."""
+    bits per value it sent; middle (with ``traffic``, bench.traffic's summary): the pooled
+    SQNR of each format on the TP traffic captured in training, forward and backward; right,
+    the step model's projected H100 speedup over BF16 of the same traffic (assumed figures)."""
     d = summary[summary.config != "bf16"].dropna(subset=["diff_mean"])
     colours = palette(summary.config)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [1.4, 1]})
+    widths = [1.4, 1.1, 1] if traffic is not None else [1.4, 1]
+    fig, axes = plt.subplots(1, len(widths), figsize=(5 * len(widths), 3.8), gridspec_kw={"width_ratios": widths})
+    a, b = axes[0], axes[-1]
+    x = dodged(d.set_index("config").wire_bits_per_value)
     for r in d.itertuples():
         err = [[r.diff_mean - r.ci_low], [r.ci_high - r.diff_mean]] if pd.notna(r.ci_low) else None
-        a.errorbar([r.wire_bits_per_value], [r.diff_mean], yerr=err, fmt="o", ms=4, capsize=3, color=colours[r.config])
-        a.annotate(r.config, (r.wire_bits_per_value, r.diff_mean), xytext=(4, 3), textcoords="offset points", fontsize=6)
+        a.errorbar([x[r.config]], [r.diff_mean], yerr=err, fmt="o", ms=4, capsize=3, color=colours[r.config],
+                   label=r.config)
     a.axhline(0.0, color="k", lw=0.8)
-    a.set(xscale="log", xlabel="bits per value on the wire (the format's, mean of forward and backward)",
+    a.set(xscale="log", xlabel="bits per value on the wire (the format's, mean of forward and backward;\n"
+                               "points of about the same bits set apart)",
           ylabel="validation loss - BF16's (same seed)",
-          title=f"{int(d.n_pairs.min()) if len(d) else 0}+ seeds per point, bars: 95% t interval of the paired mean")
+          title=f"measured: {int(d.n_pairs.min()) if len(d) else 0}+ seeds per point, "
+                "bars: 95% t interval of the paired mean")
     a.set_xticks([4.5, 8, 16, 32], ["4.5", "8", "16", "32"])
-    a.margins(x=0.15)  # room for the labels of the points at either end
     a.minorticks_off()
     a.title.set_fontsize(8)
+    a.legend(fontsize=6, ncol=2, loc="upper right", frameon=False)
+    if traffic is not None:
+        t = traffic_sqnr(traffic).sort_values(["bits", "label"], kind="stable")
+        c = axes[1]
+        rows = list(dict.fromkeys(t.label))  # one row per format, fewest bits at the top
+        for direction, mark in (("fwd", "o"), ("bwd", "s")):
+            g = t[t.direction == direction]
+            c.scatter(g.sqnr_db, [rows.index(x) for x in g.label], marker=mark, s=20, label=direction,
+                      color=[colours.get(x.split(" + ")[0], "0.4") for x in g.label], edgecolor="k", linewidths=0.5)
+        bits = t.groupby("label").bits.first()
+        c.set_yticks(range(len(rows)), [f"{x} ({bits[x]:.2f} b)" for x in rows], fontsize=6)
+        c.invert_yaxis()
+        c.grid(axis="x", lw=0.3)
+        c.set(xlabel="SQNR on captured TP traffic (dB, pooled), higher is better",
+              title=f"measured: {traffic.model.iloc[0]}'s traffic, steps {traffic.capture_steps.iloc[0]}\n"
+                    "circles forward, squares backward; bits per value in brackets")
+        c.title.set_fontsize(8)
     p = summary.dropna(subset=["projected_h100_speedup"])
     order = _order(p.config)
     p = p.set_index("config").loc[order]
@@ -280,6 +352,7 @@ def tradeoff(summary: pd.DataFrame, out, profile: str) -> None:
           "every format at fp4quant's codec rate unless measured)")
     b.title.set_fontsize(8)
     b.tick_params(axis="x", rotation=45, labelsize=7)
+    fig.tight_layout()
     _finish(fig, summary, profile, out)
 
 

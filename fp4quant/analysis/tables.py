@@ -70,7 +70,7 @@ def ablation(ablations: pd.DataFrame, out, profile: str) -> None:
             for r in ablations.itertuples()]
     _write(out, ablations, profile, ["ablation", "measure", "fp4quant", "ablated", "change"], rows,
            "Ablations: one mechanism removed at a time; SQNR changes in dB, the others relative (training "
-           "measures: means over seeds). " + _where(ablations, profile), "tab:ablation")
+           "measures: means over the seeds the ablation ran, fp4quant's over the same seeds). " + _where(ablations, profile), "tab:ablation")
 
 
 def change(r) -> str:

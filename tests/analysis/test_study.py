@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from fp4quant.analysis import study
+from fp4quant.analysis import figures, study
 from fp4quant.analysis.__main__ import main as analysis_main
 from fp4quant.train.config import ConfigError, parse_run_name, run_name
 
@@ -80,10 +80,23 @@ def test_the_paired_difference_and_its_t_interval(runs):
         assert (r.ci_low, r.ci_high) == pytest.approx((ci.low, ci.high))
         # the same tokens: each batch shifted by the same amount, so the validation set adds no noise
         assert r.diff_batch_se == pytest.approx(0.0, abs=1e-12)
-        assert r.val_se_le_quarter_gap == (r.val_se <= abs(d.mean()) / 4)
+        assert r.val_se_le_quarter_gap  # a gap the same batches shifted alike: resolved
     assert table.loc["bf16"].n == 4 and not math.isnan(table.loc["bf16"].val_loss_sd)
-    # six batches of SD 0.05: SE ~0.02, more than a quarter of fp4quant@fwd's gap of 0.004
-    assert not table.loc["fp4quant@fwd"].val_se_le_quarter_gap
+
+
+def test_the_validation_set_resolves_a_gap_when_the_paired_se_is_a_quarter_of_it(tmp_path):
+    rng = np.random.default_rng(1)
+    base = {s: 2.0 + rng.normal(0, 0.05, size=6) for s in range(3)}
+    noise = {s: rng.normal(0, 0.05, size=6) for s in range(3)}  # per batch: paired SE ~0.02
+    dirs = [write_run(tmp_path / "bf16" / f"seed{s}", "bf16", s, base[s]) for s in range(3)]
+    for comm, shift in (("nvfp4", 0.004), ("mxfp4", 0.3)):
+        dirs += [write_run(tmp_path / comm / f"seed{s}", comm, s, base[s] + shift + noise[s]) for s in range(3)]
+    table = study.summary(study.runs(dirs, "study")).set_index("config")
+    for comm in ("nvfp4", "mxfp4"):
+        r = table.loc[comm]
+        se = np.mean([np.std(noise[s], ddof=1) / math.sqrt(6) for s in range(3)])
+        assert r.diff_batch_se == pytest.approx(se)
+        assert r.val_se_le_quarter_gap == (comm == "mxfp4")
 
 
 def test_a_hand_computed_interval():
@@ -118,6 +131,22 @@ def test_the_cli_writes_results_with_provenance(runs, tmp_path, capsys):
         assert analysis_main(["figure", name, "--results", str(results), "--profile", "study",
                               "--out", str(tmp_path / f"{name}.pdf")]) == 0
         assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+    # the trade-off beside the SQNR on captured traffic: of the same origin, else refused
+    traffic = tmp_path / "traffic_summary.csv"
+    rows = [{"direction": d, "study": study_, "method": m, "rotation": rot, "scale_select": sel,
+             "sqnr_pooled_db": 20.0 + i, "model": "small", "capture_steps": "1 200 399", **PROV}
+            for i, (d, study_, m, rot, sel) in enumerate([("fwd", "presets", "fp4quant", "group", "max_to_6"),
+                                                          ("bwd", "presets", "nvfp4", "none", "max_to_6"),
+                                                          ("fwd", "rotation", "no_fwht", "group", "4_over_6")])]
+    pd.DataFrame(rows).to_csv(traffic, index=False)
+    t = figures.traffic_sqnr(pd.read_csv(traffic))
+    assert list(t.label) == ["fp4quant", "nvfp4", "fp4quant + 4 over 6"]
+    assert t.bits.tolist() == pytest.approx([4.515625, 4.5, 4.515625])
+    args = ["figure", "tradeoff", "--results", str(out), "--profile", "study", "--out", str(tmp_path / "t.pdf"),
+            "--traffic", str(traffic)]
+    assert analysis_main(args) == 0 and (tmp_path / "t.pdf").read_bytes().startswith(b"%PDF")
+    pd.DataFrame(rows).assign(commit="def456").to_csv(traffic, index=False)
+    assert analysis_main(args) == 2 and "mixed results" in capsys.readouterr().err
 
 
 def test_runs_without_validation_batches_are_refused(tmp_path, capsys):

@@ -170,4 +170,9 @@ def test_the_study_trains_each_batch_with_its_directions(tmp_path):
         name = out.split("/")[-2]
         assert f"--comm {name.split('@')[0]} " in args
         assert ("--compress " + name.split("@")[1]) in args if "@" in name else "--compress" not in args
-    assert len(dry_run("study")) == len(study["train"]["comms"]) * len(seeds)
+    everything = dry_run("study")
+    assert len([out for _, out in everything if "/runs/" in out]) == len(study["train"]["comms"]) * len(seeds)
+    # the trade-off's SQNR: the traffic of a BF16 run of the study's model and length
+    (capture,) = [args for args, out in everything if out == "data/study/traffic/small"]
+    assert "--model small " in capture and "--comm bf16 --steps 400 " in capture
+    assert "--capture-traffic-steps 1,200,399 " in capture

@@ -48,6 +48,8 @@ rule study_figure:
     input:
         csvs=[rules.study_results.output.convergence, rules.study_results.output.summary,
               rules.study_results.output.training, rules.study_results.output.curves],
+        # the trade-off's SQNR on the traffic of the study's model (bench.traffic_model)
+        traffic=lambda wc: [rules.traffic_benchmark.output.summary] if wc.name == "tradeoff" else [],
     output:
         f"{OUT}/figures/{{name}}.pdf",
     wildcard_constraints:
@@ -56,9 +58,10 @@ rule study_figure:
         f"{OUT}/logs/study_figure_{{name}}.log",
     params:
         results=lambda wc: STUDY_TABLES if wc.name == "convergence" else STUDY_RESULTS,
+        traffic=lambda wc, input: f"--traffic {input.traffic[0]}" if input.traffic else "",
     shell:
         "{PY} -m fp4quant.analysis figure {wildcards.name} --results {params.results} --profile {PROFILE}"
-        " --out {output} --inputs {input.csvs} 2> {log}"
+        " --out {output} --inputs {input.csvs} {params.traffic} 2> {log}"
 
 
 rule study:
