@@ -105,19 +105,12 @@ class Step:
 FORWARD_SHARE = 1 / 3  # of a training step's FLOPs: forward 2, backward 4 per parameter and token
 
 
-def allreduce_time(nbytes: float, world: int, bw: float, latency: float, credit: float = 0.0,
-                   second_credit: float | None = None) -> float:
-    """Ring / two-shot all-reduce of ``nbytes``: two phases of (W-1)/W x nbytes; ``credit``
-    bytes of the first phase go free (a token bucket's), ``second_credit`` of the second
-    (None: ``credit`` counts against the whole message)."""
+def allreduce_time(nbytes: float, world: int, bw: float, latency: float) -> float:
+    """Ring / two-shot all-reduce of ``nbytes`` on a link without a token bucket: two phases of
+    (W-1)/W x nbytes, each W-1 latencies (a shaped link: shaped_allreduces)."""
     if world == 1:
         return 0.0
-    phase = (world - 1) / world * nbytes
-    if second_credit is None:
-        wire = max(2 * phase - credit, 0.0)
-    else:
-        wire = max(phase - credit, 0.0) + max(phase - second_credit, 0.0)
-    return wire / bw + 2 * (world - 1) * latency
+    return 2 * (world - 1) / world * nbytes / bw + 2 * (world - 1) * latency
 
 
 def shaped_allreduces(count: int, nbytes: float, world: int, bw: float, latency: float, burst: float,

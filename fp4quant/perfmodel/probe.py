@@ -49,6 +49,7 @@ Rank 0 writes ``--out`` (JSON): medians, every rank's compute FLOP/s, raw link t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
@@ -67,9 +68,11 @@ from ..parallel import CommConfig
 from ..provenance import atomic_write_json, provenance
 from ..comm import RandomStreams
 from ..threads import pin_threads
-from .model import allreduce_time, fit_alpha_beta
+from .model import Workload, allreduce_time, fit_alpha_beta
 
-SCALAR_ALLREDUCES = 5  # the trainer's a step (model.Workload.scalar_allreduces)
+# the trainer's a step, as the model counts them (the compute probe issues exactly these)
+SCALAR_ALLREDUCES_PER_STEP = next(f.default for f in dataclasses.fields(Workload) if f.name == "scalar_allreduces")
+
 LATENCY_MESSAGE_BYTES = 4096  # the smallest all-reduce timed: its bytes ride on the token bucket's burst
 
 
@@ -285,7 +288,7 @@ def main(argv=None) -> int:
                        "collective_gap_s": gaps[c], "step_s": [g["gapped_s"][c] for g in gathered],
                        # a rank's seconds a step in the five, over the ranks' steps: per all-reduce
                        "scalar_allreduce_s": statistics.fmean(t for g in gathered for t in g["scalar_s"][c])
-                       / SCALAR_ALLREDUCES}
+                       / SCALAR_ALLREDUCES_PER_STEP}
                    for c in gaps}
         for c, entry in by_comm.items():
             rates = in_step_codec_rates(c, [g["in_step"][c] for g in gathered], values, world)

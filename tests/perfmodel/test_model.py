@@ -121,8 +121,6 @@ def test_token_bucket_credit_only_helps_messages_and_is_capped():
     assert bucket.comm_s == pytest.approx(plain.comm_s - credit / 1e7)
     huge = step(w, machine(inter_bw=1e7, inter_latency=0.0, burst_bytes=1e12), "bf16")
     assert huge.comm_s == 0.0 and huge.compute_s == plain.compute_s
-    assert allreduce_time(1e3, 2, 1e6, 0.0, credit=1e6) == 0.0
-    assert allreduce_time(1e3, 2, 1e6, 1e-3, credit=100.0, second_credit=200.0) == pytest.approx((400 + 300) / 1e6 + 2e-3)
 
 
 def test_shaped_allreduces_follow_one_bucket_through_the_phases():
