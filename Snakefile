@@ -58,3 +58,4 @@ rule all:
         FIGURES,
         TABLES,
         PAPER_PDF,
+        [f"{OUT}/results/allreduce_prediction.csv"] if EMULATED else [],

@@ -76,6 +76,10 @@ def test_whole_pipeline_at_ci_scale(tmp_path):
     assert {"config", "component", "measured_s", "predicted_s", "rel_error"} <= set(validation.columns)
     assert {"compute", "codec", "communication", "total"} <= set(validation.component)
     assert (tmp_path / "data" / "ci" / "tests" / "junit.xml").read_text().count("testcase") > 5
+    # the emulated all-reduce at the largest size beside the speedup its components predict
+    prediction = pd.read_csv(results / "allreduce_prediction.csv")
+    assert set(prediction.size_bytes) == {1048576} and prediction.algorithm.iloc[0] == "uncompressed"
+    assert (prediction.predicted_s > 0).all() and prediction.ratio_rel_error.notna().all()
 
     # the tables' numbers are the CSVs' numbers: losses from the training runs, tokens/s from the
     # throughput runs (on the emulated cluster, or loopback where it cannot be built)

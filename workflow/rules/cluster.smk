@@ -4,6 +4,8 @@
 # fall back to loopback, say so in one line, and record it (cluster.json) for the figures.
 
 CDIR = f"{OUT}/cluster"
+CLUSTER_SIZES = CLUSTER.get("collective_sizes", [4096, 65536, 1048576, 16777216, 67108864])
+PREDICTED_SIZE = max(CLUSTER_SIZES)  # the all-reduce whose speedup allreduce_prediction predicts
 
 
 rule cluster_calibration:
@@ -31,12 +33,48 @@ rule cluster_collectives:
     log:
         f"{OUT}/logs/cluster_collectives.log",
     params:
-        sizes=" ".join(str(s) for s in CLUSTER.get("collective_sizes", [4096, 65536, 1048576, 16777216, 67108864])),
+        sizes=" ".join(map(str, CLUSTER_SIZES)),
     threads: workflow.cores
     shell:
         "{PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES} --record {output.record} --"
         " -m fp4quant.bench.collectives --out {output.csv} --dtype bfloat16 --sizes {params.sizes}"
         " --presets fp4quant --algorithms two_shot --no-chunk-sweep --iters 20 --min-iters 5 --budget-mib 64 > {log} 2>&1"
+
+
+# The link alone (nothing dilated) on the same calibrated link: each gloo primitive's rate by
+# size, from which fp4quant.perfmodel.allreduce predicts the emulated all-reduce's speedup at
+# the largest collective size (at 64 MiB its BF16 ring sends 64 MiB a rank, its two-shot
+# phases 9.5 MB, or 0.6 MB a chunk).
+rule cluster_transfers:
+    input:
+        cal=rules.cluster_calibration.output,
+    output:
+        csv=f"{CDIR}/transfers.csv",
+        record=f"{CDIR}/transfers.cluster.json",
+    log:
+        f"{OUT}/logs/cluster_transfers.log",
+    params:
+        sizes=" ".join(str(s) for s in (65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20, PREDICTED_SIZE)
+                       if s <= PREDICTED_SIZE),
+    threads: workflow.cores
+    shell:
+        "{PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES} --link-only --record {output.record} --"
+        " -m fp4quant.bench.transfers --out {output.csv} --iters 5 --sizes {params.sizes}"
+        " --primitives all_reduce all_to_all_single all_gather_into_tensor > {log} 2>&1"
+
+
+rule allreduce_prediction:
+    input:
+        collectives=rules.cluster_collectives.output.csv,
+        record=rules.cluster_collectives.output.record,
+        transfers=rules.cluster_transfers.output.csv,
+    output:
+        f"{OUT}/results/allreduce_prediction.csv",
+    log:
+        f"{OUT}/logs/allreduce_prediction.log",
+    shell:
+        "{PY} -m fp4quant.perfmodel.allreduce --collectives {input.collectives} --record {input.record}"
+        " --transfers {input.transfers} --size {PREDICTED_SIZE} --out {output} 2> {log}"
 
 
 # A throughput run: a few steps of the throughput shape (throughput.smk) on the emulated cluster.
