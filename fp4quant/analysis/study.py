@@ -116,7 +116,7 @@ def projected_speedup(config: str, scenario: tuple[str, int] = PROJECTIONS[-1]) 
     comm, compress, compute = parse_run_name(config)
     if compute != "exact":
         return float("nan")  # the step model knows no FP4 compute
-    gpu = machines.h100()
+    gpu = machines.h100(scenario[1])
     w = Workload(ModelConfig.preset("qwen-7b"), scenario[1], 2048, 1)
     preset = "bf16" if comm == "exact" else comm
     return step(w, gpu, preset, compress).tokens_per_s / step(w, gpu, "bf16").tokens_per_s

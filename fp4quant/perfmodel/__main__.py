@@ -68,9 +68,9 @@ def main(argv=None) -> int:
                             s["mesh"]["dp"])
     presets = ["bf16"] + [p for p in measured if p != "bf16"]
     rows = rows_for("emulated cluster (validation)", workload, emu, presets, measured)
-    gpu = machines.h100(target, a.gpu_kernels)
     for name, tp in PROJECTIONS:
         w = Workload(ModelConfig.preset("qwen-7b"), tp, 2048, 1)
+        gpu = machines.h100(tp, target, a.gpu_kernels)
         rows += rows_for(name, w, gpu, ["bf16", "fp4quant"], {})
     prov = provenance()
     for r in rows:

@@ -113,13 +113,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--collectives", required=True, help="fp4quant.bench.collectives' CSV, run under the cluster runner")
     ap.add_argument("--record", required=True, help="the cluster runner's record of that run (--record)")
-    ap.add_argument("--transfers", required=True, help="fp4quant.bench.transfers' CSV on the same link")
+    ap.add_argument("--transfers", required=True, nargs="+", help="fp4quant.bench.transfers' CSVs on the same link")
     ap.add_argument("--size", type=int, default=64 << 20, help="bytes of the all-reduce (default 64 MiB)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     try:
         record = json.loads(Path(a.record).read_text())
-        rows = prediction_rows(pd.read_csv(a.collectives), pd.read_csv(a.transfers), record, a.size)
+        transfers = pd.concat([pd.read_csv(p) for p in a.transfers], ignore_index=True)
+        rows = prediction_rows(pd.read_csv(a.collectives), transfers, record, a.size)
     except (OSError, PredictionError, KeyError, ValueError) as exc:
         print(f"fp4quant.perfmodel.allreduce: error: {exc}", file=sys.stderr)
         return 2

@@ -12,17 +12,23 @@ from .model import Machine, fit_link
 
 # values per second of each codec op on an H100 when no GPU kernel benchmark exists: the
 # kernels are memory-bound, assumed at 70% of HBM bandwidth, BF16 in and 4.5-bit messages
-# out (quantize, dequantize: 2 + 0.56 bytes per value; the reduce reads 0.56 and writes
-# 0.56 / W bytes per value)
+# out (quantize, dequantize: 2 + 0.56 bytes per value of the all-reduce; the reduce, per
+# value of the shard it writes, reads W messages' 0.56 and writes the re-quantized 0.56)
 H100_CODEC_EFFICIENCY = 0.7
+MESSAGE_BYTES_PER_VALUE = 0.5645  # fp4quant's 4.516 bits
 
 
-def h100_codec(target: TargetCluster, efficiency: float = H100_CODEC_EFFICIENCY) -> dict[str, dict[str, float]]:
-    """values/s of each op when the codec runs at ``efficiency`` of the HBM bandwidth."""
+def h100_codec(target: TargetCluster, world: int, efficiency: float = H100_CODEC_EFFICIENCY) -> dict[str, dict[str, float]]:
+    """values/s of each op when the codec runs at ``efficiency`` of the HBM bandwidth in a TP
+    group of ``world`` ranks (the dequantize-reduce's bytes per shard value grow with it)."""
     if not 0 < efficiency <= 1:
         raise ValueError(f"codec efficiency must be in (0, 1] of the HBM bandwidth, got {efficiency}")
+    if world < 2:
+        raise ValueError(f"a TP group of at least 2 ranks has a codec, got {world}")
     bw = efficiency * target.hbm_bw
-    rates = {"quantize": bw / 2.57, "dequantize_reduce": bw / 0.85, "dequantize": bw / 2.57}
+    per_value = 2 + MESSAGE_BYTES_PER_VALUE
+    rates = {"quantize": bw / per_value, "dequantize_reduce": bw / ((world + 1) * MESSAGE_BYTES_PER_VALUE),
+             "dequantize": bw / per_value}
     return {"fp4quant": rates}
 
 
@@ -38,9 +44,11 @@ def gpu_codec(csv: str | Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def h100(target: TargetCluster | None = None, gpu_kernels: str | Path | None = None) -> Machine:
+def h100(tp: int, target: TargetCluster | None = None, gpu_kernels: str | Path | None = None) -> Machine:
+    """H100 nodes running a TP group of ``tp`` GPUs (the assumed codec's reduce depends on it;
+    a GPU kernel benchmark's was measured at its own group size)."""
     target = target or TargetCluster()
-    codec = gpu_codec(gpu_kernels) if gpu_kernels else h100_codec(target)
+    codec = gpu_codec(gpu_kernels) if gpu_kernels else h100_codec(target, tp)
     return Machine(
         name="H100 (assumed)" if not gpu_kernels else "H100 (codec measured on a GPU)",
         rank_flops=target.flops_per_gpu, inter_bw=target.inter_node_bw, inter_latency=target.inter_node_latency,

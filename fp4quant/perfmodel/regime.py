@@ -37,6 +37,7 @@ COMPONENTS = ("compute", "codec", "bandwidth", "latency")
 SCALAR_ALLREDUCES = 3  # the vocabulary-parallel loss: logit max, target logit, sum of exponentials
 TARGET_MODEL, TARGET_SEQ_LEN, TARGET_BATCH = "qwen-7b", 2048, 1
 TARGETS = [("H100, Qwen-7B, TP=16 across two nodes", 16), ("H100, Qwen-7B, TP=8 in one node", 8)]
+EMULATED_TP = 2  # the emulated cluster's TP group: one rank on each of its two nodes
 
 
 def parts(w: Workload, m: Machine, preset: str) -> dict[str, float]:
@@ -62,7 +63,7 @@ def emulated_machine(cal: dict) -> Machine:
     this CPU's measured rate and the dilated target codec's (the ranks stretch it to that)."""
     target = TargetCluster(**cal["target"])
     dilation = float(cal["time_dilation"])
-    dilated = h100_codec(target)["fp4quant"]
+    dilated = h100_codec(target, EMULATED_TP)["fp4quant"]
     codec = {p: {op: min(g * 1e9 / 4, dilated[op] / dilation) for op, g in rates.items()}
              for p, rates in cal["codec_gbps"].items()}
     bw = float(cal["link_rate_bps"]) / 8
@@ -141,11 +142,10 @@ def regime_rows(cal: dict, runs: list[str | Path], warmup: int, presets=("bf16",
     """The regime table's rows: target (projected), emulated (predicted), emulated (measured,
     mean and SD of the shares over the runs of each preset)."""
     target = TargetCluster(**cal["target"])
-    gpu = h100(target)
     rows = []
     for scenario, tp in TARGETS:
         for p in presets:
-            rows.append(_row(scenario, "projected", p, target_workload(tp), parts(target_workload(tp), gpu, p)))
+            rows.append(_row(scenario, "projected", p, target_workload(tp), parts(target_workload(tp), h100(tp, target), p)))
     by_preset: dict[str, list[dict]] = {}
     for d in runs:
         run = read_run(d, warmup)
@@ -176,13 +176,13 @@ def regime_rows(cal: dict, runs: list[str | Path], warmup: int, presets=("bf16",
 def shape_rows(cal: dict, token_counts: list[int], seq_len: int) -> list[dict]:
     """bf16 shares of the tiny model at each token count (seq_len x batch), beside the target's."""
     target = TargetCluster(**cal["target"])
-    rows = [_row(scenario, "projected", "bf16", target_workload(tp), parts(target_workload(tp), h100(target), "bf16"))
+    rows = [_row(scenario, "projected", "bf16", target_workload(tp), parts(target_workload(tp), h100(tp, target), "bf16"))
             for scenario, tp in TARGETS]
     emu = emulated_machine(cal)
     for tokens in token_counts:
         if tokens % seq_len:
             raise ValueError(f"{tokens} tokens is not a whole number of {seq_len}-token sequences")
-        w = Workload(ModelConfig.preset("tiny"), 2, seq_len, tokens // seq_len)
+        w = Workload(ModelConfig.preset("tiny"), EMULATED_TP, seq_len, tokens // seq_len)
         for p in ("bf16", "fp4quant"):
             rows.append(_row("emulated, tiny model, 2 nodes", "predicted", p, w, parts(w, emu, p)))
     return rows

@@ -44,12 +44,12 @@ class Assumptions:
     tflops: float  # sustained training TFLOP/s per GPU
     overlap: bool
 
-    def machine(self, target: TargetCluster, spans_nodes: bool) -> machines.Machine:
-        hop = "inter_node_latency" if spans_nodes else "intra_node_latency"
+    def machine(self, target: TargetCluster, tp: int) -> machines.Machine:
+        hop = "inter_node_latency" if tp > target.gpus_per_node else "intra_node_latency"
         t = dataclasses.replace(target, inter_node_bw=self.inter_node_bw_GBps * 1e9,
                                 flops_per_gpu=self.tflops * 1e12, **{hop: self.latency_us * 1e-6})
-        m = machines.h100(t)
-        return dataclasses.replace(m, codec_values_per_s=machines.h100_codec(t, self.codec_hbm_fraction))
+        m = machines.h100(tp, t)
+        return dataclasses.replace(m, codec_values_per_s=machines.h100_codec(t, tp, self.codec_hbm_fraction))
 
 
 # the swept values of each assumption (the ranges; the baseline is among them)
@@ -79,7 +79,7 @@ def sweep(target: TargetCluster | None = None) -> list[dict]:
         base = baseline(target, spans)
         points = [Assumptions(*v) for v in itertools.product(*GRID.values())]
         for a in points + ([base] if base not in points else []):
-            m = a.machine(target, spans)
+            m = a.machine(target, tp)
             bf16, fp4 = step(w, m, "bf16", overlap=a.overlap), step(w, m, "fp4quant", overlap=a.overlap)
             rows.append({"scenario": f"H100, Qwen-7B, {name}", "tp": tp, **dataclasses.asdict(a),
                          "baseline": a == base, "bf16_tokens_per_s": bf16.tokens_per_s,

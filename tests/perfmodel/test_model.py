@@ -72,13 +72,27 @@ def test_link_fit_takes_latency_from_a_message_inside_the_burst():
 
 
 def test_h100_projection_in_the_papers_regime():
-    m = machines.h100(TargetCluster())
     w8 = Workload(ModelConfig.preset("qwen-7b"), 8, 2048, 1)
     w16 = Workload(ModelConfig.preset("qwen-7b"), 16, 2048, 1)
-    sp8 = step(w8, m, "fp4quant").tokens_per_s / step(w8, m, "bf16").tokens_per_s
-    sp16 = step(w16, m, "fp4quant").tokens_per_s / step(w16, m, "bf16").tokens_per_s
+    m8, m16 = machines.h100(8, TargetCluster()), machines.h100(16, TargetCluster())
+    sp8 = step(w8, m8, "fp4quant").tokens_per_s / step(w8, m8, "bf16").tokens_per_s
+    sp16 = step(w16, m16, "fp4quant").tokens_per_s / step(w16, m16, "bf16").tokens_per_s
     assert 1.0 < sp8 < sp16  # inter-node TP gains more: the slow links dominate
     assert 1.2 < sp16 < 3.0
+
+
+def test_the_assumed_h100_reduce_reads_every_ranks_message_for_each_shard_value():
+    target = TargetCluster()
+    bw = machines.H100_CODEC_EFFICIENCY * target.hbm_bw
+    for tp in (2, 8, 16):
+        w = Workload(ModelConfig.preset("qwen-7b"), tp, 2048, 1)
+        values = w.tokens * w.model.hidden_size
+        s = step(w, machines.h100(tp, target), "fp4quant")
+        per_call = (values * (2 + machines.MESSAGE_BYTES_PER_VALUE) / bw  # dequantize: BF16 out, a message in
+                    + values / tp * (tp + 1) * machines.MESSAGE_BYTES_PER_VALUE / bw)  # W messages in, one out
+        assert s.dequantize_s == pytest.approx(2 * w.messages_per_direction * per_call)
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        machines.h100_codec(target, 1)
 
 
 def test_cli_validates_and_projects(tmp_path):

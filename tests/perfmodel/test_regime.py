@@ -28,7 +28,7 @@ def calibration(dilation: float = 6650.0, cpu_gbps: float = 5.0) -> dict:
 
 
 def test_parts_add_up_to_the_step_and_the_scalar_reductions():
-    w, m = regime.target_workload(16), h100()
+    w, m = regime.target_workload(16), h100(16)
     for preset in ("bf16", "fp4quant"):
         p, s = regime.parts(w, m, preset), step(w, m, preset)
         assert sum(p.values()) == pytest.approx(s.total_s)
@@ -42,8 +42,8 @@ def test_parts_add_up_to_the_step_and_the_scalar_reductions():
 
 
 def test_the_target_across_nodes_is_bandwidth_bound_and_inside_a_node_compute_bound():
-    across = regime.shares(regime.parts(regime.target_workload(16), h100(), "bf16"))
-    inside = regime.shares(regime.parts(regime.target_workload(8), h100(), "bf16"))
+    across = regime.shares(regime.parts(regime.target_workload(16), h100(16), "bf16"))
+    inside = regime.shares(regime.parts(regime.target_workload(8), h100(8), "bf16"))
     assert max(across, key=across.get) == "bandwidth" and max(inside, key=inside.get) == "compute"
 
 
@@ -52,7 +52,7 @@ def test_the_emulated_machine_is_the_calibration_with_the_codec_stretched_to_the
     m = regime.emulated_machine(cal)
     assert m.rank_flops == cal["rank_flops"] and m.inter_latency == cal["link_latency_s"]
     assert m.inter_bw == cal["link_rate_bps"] / 8 and m.burst_bytes == cal["link_burst_bytes"]
-    target = h100_codec(TargetCluster())["fp4quant"]
+    target = h100_codec(TargetCluster(), regime.EMULATED_TP)["fp4quant"]
     cpu = 5e9 / 4  # values/s of float32 input at 5 GB/s
     for op, rate in m.codec_values_per_s["fp4quant"].items():
         assert rate == pytest.approx(min(cpu, target[op] / 1000.0))
@@ -76,7 +76,7 @@ def test_the_default_throughput_shape_splits_the_step_as_the_target_across_two_n
     run = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())["cluster"]["throughput"]
     w = Workload(ModelConfig.preset("tiny"), 2, run["seq_len"], run["batch_size"])
     emulated = regime.shares(regime.parts(w, regime.emulated_machine(calibration()), "bf16"))
-    target = regime.shares(regime.parts(regime.target_workload(16), h100(), "bf16"))
+    target = regime.shares(regime.parts(regime.target_workload(16), h100(16), "bf16"))
     for c in regime.COMPONENTS:
         assert emulated[c] == pytest.approx(target[c], abs=0.10), (c, emulated, target)
     # the training runs' shape (128 x 2) is not: there latency takes most of the step

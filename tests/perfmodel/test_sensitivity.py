@@ -37,7 +37,7 @@ def test_overlap_hides_the_wire_behind_compute_but_not_the_codec(bw):
 @pytest.mark.parametrize("efficiency", [0.0, -0.1, 1.5, math.nan])
 def test_codec_efficiency_outside_0_1_is_refused(efficiency):
     with pytest.raises(ValueError, match="codec efficiency"):
-        machines.h100_codec(TargetCluster(), efficiency)
+        machines.h100_codec(TargetCluster(), 16, efficiency)
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +49,10 @@ def test_the_grid_is_complete_and_its_baseline_is_the_projection(rows):
     points = math.prod(len(v) for v in sensitivity.GRID.values())
     assert len(rows) == points * len(sensitivity.SCENARIOS)
     assert not rows.duplicated(["scenario", *sensitivity.GRID]).any()
-    h100 = machines.h100(TargetCluster())
     for name, tp in sensitivity.SCENARIOS:
         base = rows[(rows.tp == tp) & rows.baseline]
         assert len(base) == 1
+        h100 = machines.h100(tp, TargetCluster())
         w = Workload(ModelConfig.preset("qwen-7b"), tp, 2048, 1)  # as python -m fp4quant.perfmodel projects
         expected = step(w, h100, "fp4quant").tokens_per_s / step(w, h100, "bf16").tokens_per_s
         assert base.speedup.iloc[0] == pytest.approx(expected, rel=1e-12)

@@ -6,6 +6,7 @@
 CDIR = f"{OUT}/cluster"
 CLUSTER_SIZES = CLUSTER.get("collective_sizes", [4096, 65536, 1048576, 16777216, 67108864])
 PREDICTED_SIZE = max(CLUSTER_SIZES)  # the all-reduce whose speedup allreduce_prediction predicts
+TRANSFER_SIZES = [s for s in (65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20) if s < PREDICTED_SIZE] + [PREDICTED_SIZE]
 
 
 rule cluster_calibration:
@@ -49,25 +50,28 @@ rule cluster_transfers:
     input:
         cal=rules.cluster_calibration.output,
     output:
-        csv=f"{CDIR}/transfers.csv",
+        ring=f"{CDIR}/transfers_ring.csv",  # all_reduce, up to the whole all-reduce's bytes
+        phases=f"{CDIR}/transfers.csv",  # two-shot's primitives, up to a quarter of them (a phase is 0.14)
         record=f"{CDIR}/transfers.cluster.json",
     log:
         f"{OUT}/logs/cluster_transfers.log",
     params:
-        sizes=" ".join(str(s) for s in (65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20, PREDICTED_SIZE)
-                       if s <= PREDICTED_SIZE),
+        ring=" ".join(str(s) for s in TRANSFER_SIZES),
+        phases=" ".join(str(s) for s in TRANSFER_SIZES if s <= PREDICTED_SIZE // 4) or str(PREDICTED_SIZE // 4),
+        run=f"{PY} -m fp4quant.cluster run --nodes {NODES} --link-only",
     threads: workflow.cores
     shell:
-        "{PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES} --link-only --record {output.record} --"
-        " -m fp4quant.bench.transfers --out {output.csv} --iters 5 --sizes {params.sizes}"
-        " --primitives all_reduce all_to_all_single all_gather_into_tensor > {log} 2>&1"
+        "({params.run} --calibration {input.cal} --record {output.record} -- -m fp4quant.bench.transfers"
+        " --out {output.ring} --iters 5 --sizes {params.ring} --primitives all_reduce"
+        " && {params.run} --calibration {input.cal} -- -m fp4quant.bench.transfers --out {output.phases} --iters 5"
+        " --sizes {params.phases} --primitives all_to_all_single all_gather_into_tensor) > {log} 2>&1"
 
 
 rule allreduce_prediction:
     input:
         collectives=rules.cluster_collectives.output.csv,
         record=rules.cluster_collectives.output.record,
-        transfers=rules.cluster_transfers.output.csv,
+        transfers=[rules.cluster_transfers.output.ring, rules.cluster_transfers.output.phases],
     output:
         f"{OUT}/results/allreduce_prediction.csv",
     log:
