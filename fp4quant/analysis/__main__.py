@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..provenance import atomic_write_csv, atomic_write_text
-from . import collect, figures, regime, study, tables
+from . import collect, figures, regime, study, tables, tradeoff
 from .figures import FIGURES, STUDY_FIGURES
 from .freeze import freeze
 from .origin import MixedOrigin, check_same_origin
@@ -120,7 +120,7 @@ def cmd_figure(a) -> None:
     elif a.name == "traffic":  # --results: the folder of bench/traffic.csv
         figures.traffic(read("traffic"), a.out, a.profile)
     elif a.name == "tradeoff":
-        figures.tradeoff(read("convergence_summary"), a.out, a.profile,
+        tradeoff.tradeoff(read("convergence_summary"), a.out, a.profile,
                          pd.read_csv(a.traffic) if a.traffic else None)
     elif a.name == "convergence":
         figures.convergence(read("curves"), read("training"), a.out, a.profile)

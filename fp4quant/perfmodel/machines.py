@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..cluster.calibrate import TargetCluster
+from ..format.config import QuantConfig
 from .model import Machine, fit_link
 
 # values per second of each codec op on an H100 when no GPU kernel benchmark exists: the
@@ -15,7 +16,7 @@ from .model import Machine, fit_link
 # out (quantize, dequantize: 2 + 0.56 bytes per value of the all-reduce; the reduce, per
 # value of the shard it writes, reads W messages' 0.56 and writes the re-quantized 0.56)
 H100_CODEC_EFFICIENCY = 0.7
-MESSAGE_BYTES_PER_VALUE = 0.5645  # fp4quant's 4.516 bits
+MESSAGE_BYTES_PER_VALUE = QuantConfig.preset("fp4quant").bits_per_value / 8  # the preset's message, 4.516 bits
 
 
 def h100_codec(target: TargetCluster, world: int, efficiency: float = H100_CODEC_EFFICIENCY) -> dict[str, dict[str, float]]:

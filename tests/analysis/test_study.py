@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from fp4quant.analysis import figures, study
+from fp4quant.analysis import study, tradeoff
 from fp4quant.analysis.__main__ import main as analysis_main
 from fp4quant.train.config import ConfigError, parse_run_name, run_name
 
@@ -139,7 +139,7 @@ def test_the_cli_writes_results_with_provenance(runs, tmp_path, capsys):
                                                           ("bwd", "presets", "nvfp4", "none", "max_to_6"),
                                                           ("fwd", "rotation", "no_fwht", "group", "4_over_6")])]
     pd.DataFrame(rows).to_csv(traffic, index=False)
-    t = figures.traffic_sqnr(pd.read_csv(traffic))
+    t = tradeoff.traffic_sqnr(pd.read_csv(traffic))
     assert list(t.label) == ["fp4quant", "nvfp4", "fp4quant + 4 over 6"]
     assert t.bits.tolist() == pytest.approx([4.515625, 4.5, 4.515625])
     args = ["figure", "tradeoff", "--results", str(out), "--profile", "study", "--out", str(tmp_path / "t.pdf"),
