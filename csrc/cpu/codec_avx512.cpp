@@ -8,6 +8,7 @@
 #define FP4Q_AVX512 1  // the hand-written AVX-512 pieces of simd_avx512.h
 // GCC 12 warns about _mm512_undefined_* inside its own intrinsic headers (a known false positive)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "codec_generic.h"
 
 namespace fp4q {

@@ -11,6 +11,10 @@
 
 #include "codec_span.h"
 
+#if defined(FP4Q_AVX512)
+#include "simd_avx512_direct.h"
+#endif
+
 namespace fp4q {
 namespace cpu {
 namespace {
@@ -38,6 +42,7 @@ struct QuantizeRun {
   float tensor_c;
   float inv_sqrt;
   float* partial_amax;  // per span (tensor pre-passes)
+  uint32_t* maxima;     // the row's micro-group maxima from a tensor pre-pass (AVX-512 direct spans), or nullptr
 };
 
 inline const void* row_ptr(const QuantizeArgs& a, int64_t row) {
@@ -56,6 +61,18 @@ void quantize_spans(void* ctx, int64_t s0, int64_t s1) {
   const bool prepared = a.cfg.coarse == kCoarseTensor && a.cfg.fwht && a.transform;
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * W, len = span_len(a.lay, s);
+#if defined(FP4Q_AVX512)
+    if (avx512::direct_applies(a.cfg, a.transform, first, len, a.lay.n)) {
+      avx512::quantize_span_direct(a.cfg, a.lay, row_ptr(a, r.row), a.x_dtype, first, len, r.tensor_e, r.tensor_c, msg,
+                                   r.maxima ? r.maxima + first / 16 : nullptr, reinterpret_cast<uint32_t*>(b));
+      continue;
+    }
+    if (avx512::transformed_applies(a.cfg, a.transform, first, len, a.lay.n)) {
+      avx512::quantize_span_transformed(a.cfg, a.lay, row_ptr(a, r.row), a.x_dtype, first, len, a.signs, r.inv_sqrt,
+                                        msg, a.key, row_ctr + uint64_t(first), b);
+      continue;
+    }
+#endif
     int e = r.tensor_e;
     float amax = kUnknownAmax;
     if (prepared) {
@@ -83,6 +100,11 @@ void tensor_raw_amax(void* ctx, int64_t s0, int64_t s1) {
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t len = span_len(a.lay, s);
 #if defined(FP4Q_AVX512)
+    const int64_t first = s * span_values(a.lay);
+    if (r.maxima && avx512::direct_applies(a.cfg, a.transform, first, len, a.lay.n)) {  // pass one of the span, too
+      r.partial_amax[s] = avx512::span_maxima(row_ptr(a, r.row), a.x_dtype, first, len, r.maxima + first / 16);
+      continue;
+    }
     if (len <= a.lay.n - s * span_values(a.lay) && len % 16 == 0) {  // read only
       r.partial_amax[s] = avx512::input_amax(row_ptr(a, r.row), a.x_dtype, s * span_values(a.lay), len);
       continue;
@@ -121,8 +143,15 @@ void quantize_impl(const QuantizeArgs& a, ParallelFor pf) {
   const int64_t spans = span_count(a.lay);
   if (spans == 0) return;
   float* partial = a.cfg.coarse == kCoarseTensor ? new float[spans] : nullptr;
+  uint32_t* maxima = nullptr;
+#if defined(FP4Q_AVX512)
+  // the tensor pre-pass reads every value anyway: it keeps the micro-group maxima of the
+  // spans that quantize_span_direct encodes, which then read the input once more, not twice
+  if (a.cfg.coarse == kCoarseTensor && avx512::direct_applies(a.cfg, a.transform, 0, 0, a.lay.n))
+    maxima = new uint32_t[a.lay.padded / 16];
+#endif
   for (int64_t row = 0; row < a.rows; ++row) {
-    QuantizeRun r{&a, row, 0, 0.0f, inv_sqrt_group(a.cfg.group), partial};
+    QuantizeRun r{&a, row, 0, 0.0f, inv_sqrt_group(a.cfg.group), partial, maxima};
     if (a.cfg.coarse == kCoarseTensor) {
       pf(spans, grain_spans(a.lay), tensor_raw_amax, &r);
       const float amax = max_of(partial, spans);
@@ -138,6 +167,7 @@ void quantize_impl(const QuantizeArgs& a, ParallelFor pf) {
     pf(spans, grain_spans(a.lay), quantize_spans, &r);
   }
   delete[] partial;
+  delete[] maxima;
 }
 
 // ---- dequantize ----

@@ -29,20 +29,36 @@ inline void load_values_times(const void* x, int32_t dtype, int64_t first, int64
 }
 
 // The finite amax of count input values (a multiple of 16, every value exists), read only.
-inline float input_amax(const void* x, int32_t dtype, int64_t first, int64_t count) {
-  __m512 m = _mm512_setzero_ps();
-  for (int64_t i = 0; i < count; i += 16) {
-    __m512 v;
-    if (dtype == kF32) {
-      v = _mm512_loadu_ps(static_cast<const float*>(x) + first + i);
-    } else {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + first + i));
-      v = dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
-    }
-    const __m512 a = abs_ps(v);
-    m = _mm512_mask_max_ps(m, finite_mask(a), m, a);
+template <int32_t dtype>
+inline __m512 load_input(const void* x, int64_t i) {
+  if (dtype == kF32) return _mm512_loadu_ps(static_cast<const float*>(x) + i);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + i));
+  return dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+template <int32_t dtype>
+inline float input_amax_t(const void* x, int64_t first, int64_t count) {
+  __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32) {
+    m0 = _mm512_max_epu32(m0, abs_bits(load_input<dtype>(x, first + i)));
+    m1 = _mm512_max_epu32(m1, abs_bits(load_input<dtype>(x, first + i + 16)));
+  }
+  for (; i < count; i += 16) m0 = _mm512_max_epu32(m0, abs_bits(load_input<dtype>(x, first + i)));
+  const float a = finite_or_unknown(_mm512_max_epu32(m0, m1));
+  if (a >= 0.0f) return a;
+  __m512 m = _mm512_setzero_ps();  // a non-finite value: the masked maximum
+  for (i = 0; i < count; i += 16) {
+    const __m512 v = abs_ps(load_input<dtype>(x, first + i));
+    m = _mm512_mask_max_ps(m, finite_mask(v), m, v);
   }
   return _mm512_reduce_max_ps(m);
+}
+
+inline float input_amax(const void* x, int32_t dtype, int64_t first, int64_t count) {
+  if (dtype == kF32) return input_amax_t<kF32>(x, first, count);
+  if (dtype == kBF16) return input_amax_t<kBF16>(x, first, count);
+  return input_amax_t<kF16>(x, first, count);
 }
 
 // Loading fused with the finite amax of what was loaded (count a multiple of 16, every value exists).
@@ -137,17 +153,38 @@ inline __m512i e2m1_nearest_mag(__m512i abs_bits) {
   return _mm512_mask_sub_epi32(mag, down, mag, _mm512_set1_epi32(1));
 }
 
-// FP4 codes of one finite 16-value micro-group y scaled by r, round-to-nearest-even, packed
-// low nibble first into 8 bytes.
-inline void e2m1_nearest_codes(__m512 y, float r, uint8_t* out) {
+// The FP4 code of each lane of the finite micro-group y scaled by r, round-to-nearest-even:
+// (sign >> 28 & 8) | magnitude, one per 32-bit lane.
+inline __m512i e2m1_nearest_code_lanes(__m512 y, float r) {
   const __m512i v = _mm512_castps_si512(_mm512_mul_ps(y, _mm512_set1_ps(r)));
   const __m512i mag = e2m1_nearest_mag(_mm512_and_si512(v, _mm512_set1_epi32(0x7FFFFFFF)));
-  // (sign >> 28 & 8) | mag
-  const __m512i codes = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 28), _mm512_set1_epi32(8), mag, 0xEA);
+  return _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 28), _mm512_set1_epi32(8), mag, 0xEA);
+}
+
+// The codes of one micro-group (from e2m1_nearest_code_lanes), packed low nibble first into 8 bytes.
+inline void store_codes(__m512i codes, uint8_t* out) {
   // each 64-bit lane holds (even code) | (odd code) << 32: fold the odd one into bits 4..7
   const __m512i pairs = _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(pairs));
 }
+
+// The codes of four consecutive micro-groups a, b, c, d packed into 32 bytes, with in-lane
+// packs and one word permute (AVX512BW) in place of four narrowing stores: narrowed to bytes,
+// value m = 4L + j of group g sits at byte 16L + 4g + j (L: 128-bit lane); each even value's
+// word then ORs in its odd neighbour a nibble up; narrowed again, pair h of lane L of group g
+// is byte 16L + 2g + h, so output word 4g + L (bytes 8g + 2L + h) is word 8L + g.
+inline void store_codes4(__m512i a, __m512i b, __m512i c, __m512i d, uint8_t* out) {
+  const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(a, b), _mm512_packus_epi32(c, d));
+  const __m512i pairs = _mm512_and_si512(_mm512_or_si512(bytes, _mm512_srli_epi16(bytes, 4)), _mm512_set1_epi16(0xFF));
+  const __m512i narrow = _mm512_packus_epi16(pairs, pairs);
+  const __m512i order = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  // words 16..31: unused
+                                         27, 19, 11, 3, 26, 18, 10, 2, 25, 17, 9, 1, 24, 16, 8, 0);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_castsi512_si256(_mm512_permutexvar_epi16(order, narrow)));
+}
+
+// FP4 codes of one finite 16-value micro-group y scaled by r, round-to-nearest-even, packed
+// low nibble first into 8 bytes.
+inline void e2m1_nearest_codes(__m512 y, float r, uint8_t* out) { store_codes(e2m1_nearest_code_lanes(y, r), out); }
 
 inline __m512i mix32(__m512i x) {
   x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
@@ -201,8 +238,11 @@ inline void e4m3_micro_scales(const float* amax, __mmask16 finite, float c, bool
   if (coarse) t = c == 0.0f ? _mm512_setzero_ps() : _mm512_div_ps(t, _mm512_set1_ps(c));
   __m512 a = _mm512_min_ps(_mm512_set1_ps(448.0f), _mm512_max_ps(_mm512_set1_ps(0.015625f), t));
   const __m512i abits = _mm512_castps_si512(a);
-  const __m512 sp = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_srli_epi32(abits, 23), _mm512_set1_epi32(3)), 23));
-  const __m512 idx = _mm512_div_ps(a, sp);
+  const __m512i a_exp = _mm512_srli_epi32(abits, 23);
+  const __m512 sp = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(a_exp, _mm512_set1_epi32(3)), 23));
+  // a / sp as a * (1 / sp): sp is a power of two in [2**-9, 2**5], its inverse exact
+  const __m512 inv_sp = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(257), a_exp), 23));
+  const __m512 idx = _mm512_mul_ps(a, inv_sp);
   const __m512 lo = _mm512_roundscale_ps(idx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   const __m512 frac = _mm512_sub_ps(idx, lo);
   __mmask16 up;
@@ -273,24 +313,39 @@ inline void group_amax(const float* b, int64_t count, float* amax, __mmask16& fi
 // the counters ctr0 + i of the span's values.
 inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len, float c, uint8_t* scales,
                                  uint8_t* codes, uint32_t key, uint64_t ctr0) {
-  const int64_t micros = len / 16;
+  const int64_t micros = len / 16;  // at most 4096
+  // the micro-scales of the whole span first: their divisions (a chain of three per 16
+  // micro-groups) are then independent of each other and overlap
+  alignas(64) static thread_local float r[4096 + 16];
+  static thread_local uint16_t finite_of[256 + 1];  // finite mask of micro-groups 16j .. 16j+15
   for (int64_t j0 = 0; j0 < micros; j0 += 16) {
     const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
     alignas(64) float amax[16];
-    alignas(64) float r[16];
     __mmask16 finite;
     group_amax(b + 16 * j0, count, amax, finite);
-    e4m3_micro_scales(amax, finite, c, cfg.coarse != kCoarseNone, cfg.scale_round, scales + j0, r, count);
-    for (int64_t k = 0; k < count; ++k) {
-      uint8_t* out = codes + 8 * (j0 + k);
-      if (((finite >> k) & 1u) && cfg.rounding == kRoundStochastic) {
-        const __m512 u = uniforms(key, ctr0 + uint64_t(16 * (j0 + k)));
-        e2m1_stochastic_codes(_mm512_loadu_ps(b + 16 * (j0 + k)), r[k], u, out);
-      } else if ((finite >> k) & 1u) {
-        e2m1_nearest_codes(_mm512_loadu_ps(b + 16 * (j0 + k)), r[k], out);
-      } else {
-        std::memset(out, 0, 8);  // the non-finite code of e2m1
-      }
+    e4m3_micro_scales(amax, finite, c, cfg.coarse != kCoarseNone, cfg.scale_round, scales + j0, r + j0, count);
+    finite_of[j0 / 16] = finite;
+  }
+  auto is_finite = [&](int64_t k) { return (finite_of[k / 16] >> (k % 16)) & 1u; };
+  int64_t k = 0;
+  if (cfg.rounding == kRoundNearest) {  // four finite micro-groups at a time
+    for (; k + 4 <= micros; k += 4) {
+      if (((finite_of[k / 16] >> (k % 16)) & 15u) != 15u) break;
+      store_codes4(e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k), r[k]),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 16), r[k + 1]),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 32), r[k + 2]),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 48), r[k + 3]), codes + 8 * k);
+    }
+  }
+  for (; k < micros; ++k) {  // the rest one at a time (stochastic rounding; after a non-finite micro-group)
+    uint8_t* out = codes + 8 * k;
+    if (is_finite(k) && cfg.rounding == kRoundStochastic) {
+      const __m512 u = uniforms(key, ctr0 + uint64_t(16 * k));
+      e2m1_stochastic_codes(_mm512_loadu_ps(b + 16 * k), r[k], u, out);
+    } else if (is_finite(k)) {
+      e2m1_nearest_codes(_mm512_loadu_ps(b + 16 * k), r[k], out);
+    } else {
+      std::memset(out, 0, 8);  // the non-finite code of e2m1
     }
   }
 }

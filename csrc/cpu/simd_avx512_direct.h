@@ -1,0 +1,180 @@
+// AVX-512 quantize of a span straight from the input (included by codec_generic.h in
+// codec_avx512.cpp only), for FP4 codes under E4M3 micro-scales of 16 values:
+//  - without the transform and with round-to-nearest (quantize_span_direct): the general path
+//    loads the span into a buffer, normalizes it in place and reads it twice more to encode;
+//    here the input is read twice (the second time from L1) and nothing is written but the
+//    message: pass one finds the micro-groups' maxima of |x|, pass two normalizes and encodes.
+//    Bit for bit the general path's result, because normalizing commutes with taking a
+//    maximum: x * 2**-e rounds monotonically, so max|x * 2**-e| is max|x| * 2**-e rounded
+//    (and finite exactly where max|x| is).  A tensor scale's pre-pass does pass one.
+//  - with the transform (quantize_span_transformed): the FWHT's first pass reads the input
+//    itself, not a copy of it.
+// Both fetch a later span while they compute: at 64 MiB the input comes from memory.
+#pragma once
+
+#include <type_traits>
+
+#include "simd_avx512.h"
+
+namespace fp4q {
+namespace cpu {
+namespace {
+namespace avx512 {
+
+template <int32_t dtype>
+using Value = typename std::conditional<dtype == kF32, float, uint16_t>::type;
+
+// Spans are fetched this many ahead of the one being encoded (one line per micro-group
+// encoded): the memory's latency is then hidden behind the encoding.
+constexpr int64_t kAheadSpans = 2;
+
+// Values of the span kAheadSpans after the one at first .. first+len-1 that the row has.
+inline int64_t ahead_values(int64_t first, int64_t len, int64_t n) {
+  const int64_t left = n - (first + kAheadSpans * len);
+  return left < 0 ? 0 : (left < len ? left : len);
+}
+
+// Whether quantize_span_direct computes this span: the config it is written for, a span of
+// whole blocks of 16 micro-groups, every value present.
+inline bool direct_applies(const Config& cfg, bool transform, int64_t first, int64_t len, int64_t n) {
+  return cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && cfg.micro_group == 16 &&
+         cfg.rounding == kRoundNearest && !(cfg.fwht && transform) && len % 256 == 0 && first + len <= n;
+}
+
+// Pass one: each micro-group's max |x| of values first .. first+len-1 as float bits into
+// maxima (unsigned order: +inf, then NaN, above every finite value).  Returns the span's
+// finite amax.
+template <int32_t dtype>
+inline float span_maxima_t(const void* x, int64_t first, int64_t len, uint32_t* maxima) {
+  __m512i finite_max = _mm512_setzero_si512();
+  bool all_finite = true;
+  for (int64_t j0 = 0; j0 < len / 16; j0 += 16) {
+    __m512i a[16];
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k) a[k] = abs_bits(load_input<dtype>(x, first + 16 * (j0 + k)));
+    const __m512i m = group_max_bits(a);
+    const __mmask16 finite = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x7F800000));
+    all_finite = all_finite && finite == 0xFFFF;
+    finite_max = _mm512_mask_max_epu32(finite_max, finite, finite_max, m);
+    _mm512_storeu_si512(maxima + j0, m);
+  }
+  // a micro-group with a non-finite value may hold the span's largest finite one: read again
+  return all_finite ? u2f(_mm512_reduce_max_epu32(finite_max)) : input_amax_t<dtype>(x, first, len);
+}
+
+// Pass two: the micro-scales and codes of values first .. first+len-1 (their maxima from
+// pass one) normalized by 2**-e under the coarse scale c, into msg.  r: len / 16 floats of
+// scratch; n: the row's values (the next span is fetched meanwhile).
+template <int32_t dtype>
+inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const void* x, int64_t first, int64_t len,
+                                 int64_t n, int e, float c, uint8_t* msg, const uint32_t* maxima, float* r) {
+  const bool normalize = cfg.coarse != kCoarseNone;
+  const __m512 p = _mm512_set1_ps(pow2(-e));
+  uint8_t* scales = msg + lay.micro_off + first / 16;
+  uint8_t* codes = msg + lay.codes_off + first / 2;
+  // the micro-scales of the whole span first: their divisions are independent of each other
+  // (a chain of three per 16 micro-groups), so they overlap instead of stalling the codes
+  for (int64_t j0 = 0; j0 < len / 16; j0 += 16) {
+    const __m512i m = _mm512_loadu_si512(maxima + j0);
+    const __mmask16 finite = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x7F800000));
+    alignas(64) float amax[16];
+    const __m512 mx = _mm512_castsi512_ps(m);
+    _mm512_store_ps(amax, normalize ? _mm512_maskz_mul_ps(finite, mx, p) : _mm512_maskz_mov_ps(finite, mx));
+    e4m3_micro_scales(amax, finite, c, normalize, cfg.scale_round, scales + j0, r + j0, 16);
+  }
+  // the codes, four micro-groups at a time, while the next span is fetched
+  const char* next = static_cast<const char*>(x) + (first + kAheadSpans * len) * int64_t(sizeof(Value<dtype>));
+  const int64_t ahead = ahead_values(first, len, n);
+  auto y = [&](int64_t i) {
+    const __m512 v = load_input<dtype>(x, first + 16 * i);
+    return normalize ? _mm512_mul_ps(v, p) : v;
+  };
+  for (int64_t i = 0; i < len / 16; i += 4) {
+    for (int64_t k = i; k < i + 4; ++k)
+      if (16 * k < ahead) _mm_prefetch(next + 16 * k * int64_t(sizeof(Value<dtype>)), _MM_HINT_T0);
+    const __m512i m = _mm512_loadu_si512(maxima + i);
+    const __mmask16 finite = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x7F800000)) & 15u;
+    uint8_t* out = codes + 8 * i;
+    if (finite == 15u) {
+      store_codes4(e2m1_nearest_code_lanes(y(i), r[i]), e2m1_nearest_code_lanes(y(i + 1), r[i + 1]),
+                   e2m1_nearest_code_lanes(y(i + 2), r[i + 2]), e2m1_nearest_code_lanes(y(i + 3), r[i + 3]), out);
+      continue;
+    }
+    for (int64_t k = 0; k < 4; ++k) {
+      if ((finite >> k) & 1u) e2m1_nearest_codes(y(i + k), r[i + k], out + 8 * k);
+      else std::memset(out + 8 * k, 0, 8);  // the non-finite code of e2m1
+    }
+  }
+}
+
+// Both passes over one span (maxima known: from a tensor pre-pass, pass one is skipped):
+// the coarse scale (per group), micro-scales and codes, as normalize_and_transform +
+// encode_prepared.  tensor_e, tensor_c: the tensor's exponent and coarse scale (coarse ==
+// tensor).  scratch: len / 8 words.
+template <int32_t dtype>
+inline void quantize_span_direct_t(const Config& cfg, const Layout& lay, const void* x, int64_t first, int64_t len,
+                                   int tensor_e, float tensor_c, uint8_t* msg, const uint32_t* known_maxima,
+                                   uint32_t* scratch) {
+  const uint32_t* maxima = known_maxima;
+  float raw = 0.0f;
+  if (!maxima) {
+    raw = span_maxima_t<dtype>(x, first, len, scratch);
+    maxima = scratch;
+  }
+  int e = 0;
+  float c = tensor_c;
+  if (cfg.coarse == kCoarseGroup) {
+    e = normalizing_exponent(raw);
+    c = (raw * pow2(-e)) / coarse_divisor(cfg);  // the normalized span's amax, exactly
+    store_u32_le(msg + 4 * (first / cfg.group), f2u(c * pow2(e)));
+  }
+  if (cfg.coarse == kCoarseTensor) e = tensor_e;
+  encode_span_direct_t<dtype>(cfg, lay, x, first, len, lay.n, e, c, msg, maxima,
+                              reinterpret_cast<float*>(scratch + len / 16));
+}
+
+inline void quantize_span_direct(const Config& cfg, const Layout& lay, const void* x, int32_t dtype, int64_t first,
+                                 int64_t len, int tensor_e, float tensor_c, uint8_t* msg, const uint32_t* known_maxima,
+                                 uint32_t* scratch) {
+  if (dtype == kF32)
+    return quantize_span_direct_t<kF32>(cfg, lay, x, first, len, tensor_e, tensor_c, msg, known_maxima, scratch);
+  if (dtype == kBF16)
+    return quantize_span_direct_t<kBF16>(cfg, lay, x, first, len, tensor_e, tensor_c, msg, known_maxima, scratch);
+  quantize_span_direct_t<kF16>(cfg, lay, x, first, len, tensor_e, tensor_c, msg, known_maxima, scratch);
+}
+
+// Pass one of a span for a tensor pre-pass: maxima into `maxima`, the span's finite amax returned.
+inline float span_maxima(const void* x, int32_t dtype, int64_t first, int64_t len, uint32_t* maxima) {
+  if (dtype == kF32) return span_maxima_t<kF32>(x, first, len, maxima);
+  if (dtype == kBF16) return span_maxima_t<kBF16>(x, first, len, maxima);
+  return span_maxima_t<kF16>(x, first, len, maxima);
+}
+
+// Whether quantize_span_transformed computes this span: FP4/E4M3 codes (either rounding)
+// under a per-group coarse scale with the transform, every value of the span present.
+inline bool transformed_applies(const Config& cfg, bool transform, int64_t first, int64_t len, int64_t n) {
+  return cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && cfg.micro_group == 16 && cfg.fwht && transform &&
+         cfg.coarse == kCoarseGroup && len % 16 == 0 && first + len <= n;
+}
+
+// Steps 1-8 on one span with the transform (normalize_and_transform + encode_prepared): the
+// input's finite amax read in place, the FWHT's first pass reading the input itself (no copy
+// into b first), and the next span fetched meanwhile.  b: len floats of scratch.
+inline void quantize_span_transformed(const Config& cfg, const Layout& lay, const void* x, int32_t dtype, int64_t first,
+                                      int64_t len, const float* signs, float inv_sqrt, uint8_t* msg, uint32_t key,
+                                      uint64_t ctr0, float* b) {
+  const int64_t size = dtype == kF32 ? 4 : 2;
+  const int e = normalizing_exponent(input_amax(x, dtype, first, len));
+  FwhtOps o{true, pow2(-e), signs, inv_sqrt, nullptr, false, 1.0f, true};
+  o.src = static_cast<const char*>(x) + first * size;
+  o.src_dtype = dtype;
+  o.ahead = static_cast<const char*>(x) + (first + kAheadSpans * len) * size;
+  o.ahead_bytes = ahead_values(first, len, lay.n) * size;
+  const float amax = fwht_fused(b, len, o);
+  encode_prepared(cfg, lay, b, first, len, e, 0.0f, msg, key, ctr0, 1.0f, amax);
+}
+
+}  // namespace avx512
+}  // namespace
+}  // namespace cpu
+}  // namespace fp4q
