@@ -25,7 +25,11 @@ constexpr int64_t kMaxSegment = 1 << 16;  // QuantConfig.group <= 2**16
 
 struct Scratch {
   float* a = new float[kMaxSegment];
-  ~Scratch() { delete[] a; }
+  uint32_t* words = new uint32_t[kMaxSegment / 8];  // a direct encoding's maxima and factors (of a span in a)
+  ~Scratch() {
+    delete[] a;
+    delete[] words;
+  }
 };
 
 inline Scratch& scratch() {
@@ -246,6 +250,15 @@ void reduce_spans(void* ctx, int64_t s0, int64_t s1) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
     const int E = tensor ? r.tensor_E : sum_exponent(a, first, len);
     reduce_span(a, first, len, E, acc);  // again after the pre-pass: cheaper than keeping the sum
+#if defined(FP4Q_AVX512)
+    // the sum encoded where it is, as a quantize without the transform encodes its input
+    if (a.requantize && a.cfg.coarse != kCoarseNone && avx512::direct_applies(a.cfg, false, first, len, a.lay.n)) {
+      avx512::quantize_span_direct_t<kF32>(a.cfg, a.lay, acc, first, len, 0, r.tensor_e, r.tensor_c,
+                                           decode_normalizes(a.cfg) ? pow2(E) : 1.0f, a.out_msg, nullptr,
+                                           scratch().words);
+      continue;
+    }
+#endif
     if (a.requantize && tensor) scale_by(acc, len, pow2(-r.tensor_e));
     if (a.requantize) {
       // a coarse scale carries 2**E; without one the values get it back (saturating)

@@ -41,17 +41,16 @@ inline bool direct_applies(const Config& cfg, bool transform, int64_t first, int
          cfg.rounding == kRoundNearest && !(cfg.fwht && transform) && len % 256 == 0 && first + len <= n;
 }
 
-// Pass one: each micro-group's max |x| of values first .. first+len-1 as float bits into
-// maxima (unsigned order: +inf, then NaN, above every finite value).  Returns the span's
-// finite amax.
+// Pass one: each micro-group's max |v| of the span's len values v as float bits into maxima
+// (unsigned order: +inf, then NaN, above every finite value).  Returns the span's finite amax.
 template <int32_t dtype>
-inline float span_maxima_t(const void* x, int64_t first, int64_t len, uint32_t* maxima) {
+inline float span_maxima_t(const void* v, int64_t len, uint32_t* maxima) {
   __m512i finite_max = _mm512_setzero_si512();
   bool all_finite = true;
   for (int64_t j0 = 0; j0 < len / 16; j0 += 16) {
     __m512i a[16];
 #pragma GCC unroll 16
-    for (int k = 0; k < 16; ++k) a[k] = abs_bits(load_input<dtype>(x, first + 16 * (j0 + k)));
+    for (int k = 0; k < 16; ++k) a[k] = abs_bits(load_input<dtype>(v, 16 * (j0 + k)));
     const __m512i m = group_max_bits(a);
     const __mmask16 finite = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x7F800000));
     all_finite = all_finite && finite == 0xFFFF;
@@ -59,15 +58,16 @@ inline float span_maxima_t(const void* x, int64_t first, int64_t len, uint32_t* 
     _mm512_storeu_si512(maxima + j0, m);
   }
   // a micro-group with a non-finite value may hold the span's largest finite one: read again
-  return all_finite ? u2f(_mm512_reduce_max_epu32(finite_max)) : input_amax_t<dtype>(x, first, len);
+  return all_finite ? u2f(_mm512_reduce_max_epu32(finite_max)) : input_amax_t<dtype>(v, 0, len);
 }
 
-// Pass two: the micro-scales and codes of values first .. first+len-1 (their maxima from
-// pass one) normalized by 2**-e under the coarse scale c, into msg.  r: len / 16 floats of
-// scratch; n: the row's values (the next span is fetched meanwhile).
+// Pass two: the micro-scales and codes of the span's len values v (their maxima from pass
+// one), message values first .. first+len-1, normalized by 2**-e under the coarse scale c,
+// into msg.  r: len / 16 floats of scratch; `ahead`: values of the span kAheadSpans later
+// to fetch meanwhile.
 template <int32_t dtype>
-inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const void* x, int64_t first, int64_t len,
-                                 int64_t n, int e, float c, uint8_t* msg, const uint32_t* maxima, float* r) {
+inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const void* v, int64_t first, int64_t len,
+                                 int64_t ahead, int e, float c, uint8_t* msg, const uint32_t* maxima, float* r) {
   const bool normalize = cfg.coarse != kCoarseNone;
   const __m512 p = _mm512_set1_ps(pow2(-e));
   uint8_t* scales = msg + lay.micro_off + first / 16;
@@ -83,11 +83,10 @@ inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const voi
     e4m3_micro_scales(amax, finite, c, normalize, cfg.scale_round, scales + j0, r + j0, 16);
   }
   // the codes, four micro-groups at a time, while the next span is fetched
-  const char* next = static_cast<const char*>(x) + (first + kAheadSpans * len) * int64_t(sizeof(Value<dtype>));
-  const int64_t ahead = ahead_values(first, len, n);
+  const char* next = static_cast<const char*>(v) + kAheadSpans * len * int64_t(sizeof(Value<dtype>));
   auto y = [&](int64_t i) {
-    const __m512 v = load_input<dtype>(x, first + 16 * i);
-    return normalize ? _mm512_mul_ps(v, p) : v;
+    const __m512 x = load_input<dtype>(v, 16 * i);
+    return normalize ? _mm512_mul_ps(x, p) : x;
   };
   for (int64_t i = 0; i < len / 16; i += 4) {
     for (int64_t k = i; k < i + 4; ++k)
@@ -107,18 +106,19 @@ inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const voi
   }
 }
 
-// Both passes over one span (maxima known: from a tensor pre-pass, pass one is skipped):
-// the coarse scale (per group), micro-scales and codes, as normalize_and_transform +
-// encode_prepared.  tensor_e, tensor_c: the tensor's exponent and coarse scale (coarse ==
-// tensor).  scratch: len / 8 words.
+// Both passes over one span of len values v, message values first .. first+len-1 (maxima
+// known: from a tensor pre-pass, pass one is skipped): the coarse scale (per group) times
+// sum_scale, micro-scales and codes, as normalize_and_transform + encode_prepared.
+// tensor_e, tensor_c: the tensor's exponent and coarse scale (coarse == tensor); ahead: as
+// encode_span_direct_t; scratch: len / 8 words.
 template <int32_t dtype>
-inline void quantize_span_direct_t(const Config& cfg, const Layout& lay, const void* x, int64_t first, int64_t len,
-                                   int tensor_e, float tensor_c, uint8_t* msg, const uint32_t* known_maxima,
-                                   uint32_t* scratch) {
+inline void quantize_span_direct_t(const Config& cfg, const Layout& lay, const void* v, int64_t first, int64_t len,
+                                   int64_t ahead, int tensor_e, float tensor_c, float sum_scale, uint8_t* msg,
+                                   const uint32_t* known_maxima, uint32_t* scratch) {
   const uint32_t* maxima = known_maxima;
   float raw = 0.0f;
   if (!maxima) {
-    raw = span_maxima_t<dtype>(x, first, len, scratch);
+    raw = span_maxima_t<dtype>(v, len, scratch);
     maxima = scratch;
   }
   int e = 0;
@@ -126,28 +126,35 @@ inline void quantize_span_direct_t(const Config& cfg, const Layout& lay, const v
   if (cfg.coarse == kCoarseGroup) {
     e = normalizing_exponent(raw);
     c = (raw * pow2(-e)) / coarse_divisor(cfg);  // the normalized span's amax, exactly
-    store_u32_le(msg + 4 * (first / cfg.group), f2u(c * pow2(e)));
+    store_u32_le(msg + 4 * (first / cfg.group), f2u((c * pow2(e)) * sum_scale));
   }
   if (cfg.coarse == kCoarseTensor) e = tensor_e;
-  encode_span_direct_t<dtype>(cfg, lay, x, first, len, lay.n, e, c, msg, maxima,
+  encode_span_direct_t<dtype>(cfg, lay, v, first, len, ahead, e, c, msg, maxima,
                               reinterpret_cast<float*>(scratch + len / 16));
 }
 
+// quantize_span_direct_t for values of the dtype: the span of the row x at first .. first+len-1
+// (n values in the row; sum_scale 1).
 inline void quantize_span_direct(const Config& cfg, const Layout& lay, const void* x, int32_t dtype, int64_t first,
                                  int64_t len, int tensor_e, float tensor_c, uint8_t* msg, const uint32_t* known_maxima,
                                  uint32_t* scratch) {
+  const int64_t ahead = ahead_values(first, len, lay.n);
   if (dtype == kF32)
-    return quantize_span_direct_t<kF32>(cfg, lay, x, first, len, tensor_e, tensor_c, msg, known_maxima, scratch);
+    return quantize_span_direct_t<kF32>(cfg, lay, static_cast<const float*>(x) + first, first, len, ahead, tensor_e,
+                                        tensor_c, 1.0f, msg, known_maxima, scratch);
+  const uint16_t* h = static_cast<const uint16_t*>(x) + first;
   if (dtype == kBF16)
-    return quantize_span_direct_t<kBF16>(cfg, lay, x, first, len, tensor_e, tensor_c, msg, known_maxima, scratch);
-  quantize_span_direct_t<kF16>(cfg, lay, x, first, len, tensor_e, tensor_c, msg, known_maxima, scratch);
+    return quantize_span_direct_t<kBF16>(cfg, lay, h, first, len, ahead, tensor_e, tensor_c, 1.0f, msg, known_maxima,
+                                         scratch);
+  quantize_span_direct_t<kF16>(cfg, lay, h, first, len, ahead, tensor_e, tensor_c, 1.0f, msg, known_maxima, scratch);
 }
 
-// Pass one of a span for a tensor pre-pass: maxima into `maxima`, the span's finite amax returned.
+// Pass one of the span at first .. first+len-1 of the row x for a tensor pre-pass: maxima into
+// `maxima`, the span's finite amax returned.
 inline float span_maxima(const void* x, int32_t dtype, int64_t first, int64_t len, uint32_t* maxima) {
-  if (dtype == kF32) return span_maxima_t<kF32>(x, first, len, maxima);
-  if (dtype == kBF16) return span_maxima_t<kBF16>(x, first, len, maxima);
-  return span_maxima_t<kF16>(x, first, len, maxima);
+  if (dtype == kF32) return span_maxima_t<kF32>(static_cast<const float*>(x) + first, len, maxima);
+  const uint16_t* h = static_cast<const uint16_t*>(x) + first;
+  return dtype == kBF16 ? span_maxima_t<kBF16>(h, len, maxima) : span_maxima_t<kF16>(h, len, maxima);
 }
 
 // Whether quantize_span_transformed computes this span: FP4/E4M3 codes (either rounding)
