@@ -194,6 +194,18 @@ void dequantize_spans(void* ctx, int64_t s0, int64_t s1) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
     const int E = decode_normalizes(a.cfg) ? block_exponent(a.cfg, a.lay, msg, first, len) : 0;
     decode_span(a.cfg, a.lay, msg, first, len, b, E);
+#if defined(FP4Q_AVX512)
+    if (a.cfg.fwht && len % 16 == 0 && first + len <= a.lay.n) {  // the transform's last pass stores the values
+      const int64_t size = a.out_dtype == kF32 ? 4 : 2;
+      avx512::FwhtOps o{false, 1.0f, nullptr, r.inv_sqrt, a.signs, decode_normalizes(a.cfg), pow2(E), false};
+      o.dst = static_cast<char*>(a.out) + (r.row * a.lay.n + first) * size;
+      o.dst_dtype = a.out_dtype;
+      o.dst_saturate = a.saturate;
+      o.dst_stream = r.stream && a.out_dtype == kF32 && (reinterpret_cast<uintptr_t>(o.dst) & 63) == 0;
+      avx512::fwht_fused(b, len, o);
+      continue;
+    }
+#endif
     finish_span(a.cfg, b, len, E, a.signs, r.inv_sqrt);
     store_values(b, clamp64(a.lay.n - first, 0, len), a.out, a.out_dtype, r.row * a.lay.n + first, a.saturate,
                  r.stream);

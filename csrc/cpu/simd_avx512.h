@@ -97,43 +97,10 @@ inline void load_values(const void* x, int32_t dtype, int64_t first, int64_t cou
   }
 }
 
-// Saturate to the dtype's range keeping NaN (min_ps(bound, x) returns x when x is NaN) when
-// `saturate`, then round to the dtype (fp4quant.h: out_f32).  count is a multiple of 16.
-inline __m512 clamp_ps(__m512 v, float bound, bool saturate) {
-  if (!saturate) return v;
-  return _mm512_max_ps(_mm512_set1_ps(-bound), _mm512_min_ps(_mm512_set1_ps(bound), v));
-}
-
 inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate,
                          bool stream) {
-  if (dtype == kF32 && stream && (reinterpret_cast<uintptr_t>(static_cast<float*>(out) + first) & 63) == 0) {
-    float* p = static_cast<float*>(out) + first;  // around the caches: no read for ownership
-    for (int64_t i = 0; i < count; i += 16) _mm512_stream_ps(p + i, clamp_ps(_mm512_loadu_ps(buf + i), kF32Max, saturate));
-  } else if (dtype == kF32) {
-    float* p = static_cast<float*>(out) + first;
-    for (int64_t i = 0; i < count; i += 16) _mm512_storeu_ps(p + i, clamp_ps(_mm512_loadu_ps(buf + i), kF32Max, saturate));
-  } else if (dtype == kBF16) {
-    uint16_t* p = static_cast<uint16_t*>(out) + first;
-    for (int64_t i = 0; i < count; i += 16) {
-      const __m512 v = clamp_ps(_mm512_loadu_ps(buf + i), kBF16Max, saturate);
-      __m512i u = _mm512_castps_si512(v);
-      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-      u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-      u = _mm512_mask_mov_epi32(u, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + i), _mm512_cvtepi32_epi16(u));
-    }
-  } else {
-    uint16_t* p = static_cast<uint16_t*>(out) + first;
-    for (int64_t i = 0; i < count; i += 16) {
-      const __m512 v = clamp_ps(_mm512_loadu_ps(buf + i), kHalfMax, saturate);
-      __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      // canonical NaN 0x7E00 with the sign, as c10::Half and the scalar path produce
-      const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-      const __m256i sign = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0x8000)));
-      h = _mm256_mask_mov_epi16(h, nan, _mm256_or_si256(sign, _mm256_set1_epi16(0x7E00)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + i), h);
-    }
-  }
+  stream = stream && dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(out) + first) & 63) == 0;
+  for (int64_t i = 0; i < count; i += 16) store16(_mm512_loadu_ps(buf + i), out, dtype, first + i, saturate, stream);
 }
 
 // E2M1 magnitude (round to nearest even, saturating) of |v| by table: every tie point of

@@ -50,6 +50,39 @@ inline float finite_amax(const float* b, int64_t n) {
   return a >= 0.0f ? a : finite_amax_masked(b, n);
 }
 
+// Saturate to the dtype's range keeping NaN (min_ps(bound, x) returns x when x is NaN) when
+// `saturate`, then round to the dtype (fp4quant.h: out_f32).
+inline __m512 clamp_ps(__m512 v, float bound, bool saturate) {
+  if (!saturate) return v;
+  return _mm512_max_ps(_mm512_set1_ps(-bound), _mm512_min_ps(_mm512_set1_ps(bound), v));
+}
+
+// 16 values to out[i .. i+15] in the dtype (store_values, one register); stream: around the
+// caches (float32 at a 64-byte boundary only: no read for ownership).
+inline void store16(__m512 v, void* out, int32_t dtype, int64_t i, bool saturate, bool stream) {
+  if (dtype == kF32) {
+    float* p = static_cast<float*>(out) + i;
+    v = clamp_ps(v, kF32Max, saturate);
+    if (stream) _mm512_stream_ps(p, v);
+    else _mm512_storeu_ps(p, v);
+  } else if (dtype == kBF16) {
+    v = clamp_ps(v, kBF16Max, saturate);
+    __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    u = _mm512_mask_mov_epi32(u, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), _mm512_cvtepi32_epi16(u));
+  } else {
+    v = clamp_ps(v, kHalfMax, saturate);
+    __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // canonical NaN 0x7E00 with the sign, as c10::Half and the scalar path produce
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    const __m256i sign = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0x8000)));
+    h = _mm256_mask_mov_epi16(h, nan, _mm256_or_si256(sign, _mm256_set1_epi16(0x7E00)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), h);
+  }
+}
+
 // One butterfly stage of stride h < 16 inside a register: the partner of lane i is lane
 // i ^ h; lanes with bit h clear get a + b, lanes with it set get a - b (a: the lower one).
 // Lower lanes v * 1 + p, upper lanes v * -1 + p = p - v, in one fused multiply-add: the
@@ -138,7 +171,19 @@ struct FwhtOps {
   int32_t src_dtype = 0;
   const char* ahead = nullptr;
   int64_t ahead_bytes = 0;
+  // where the last pass stores its values, when not into b: n values of dst_dtype (store16;
+  // not with amax, whose fallback reads b)
+  void* dst = nullptr;
+  int32_t dst_dtype = 0;
+  bool dst_saturate = false;
+  bool dst_stream = false;
 };
+
+// The last pass's store of the register at b + at: to b, or converted to o.dst.
+inline void store_result(float* b, int64_t at, __m512 v, const FwhtOps& o) {
+  if (o.dst) store16(v, o.dst, o.dst_dtype, at, o.dst_saturate, o.dst_stream);
+  else _mm512_storeu_ps(b + at, v);
+}
 
 // 16 values from index i of the first pass's source, as floats.
 inline __m512 load_source(const FwhtOps& o, const float* b, int64_t i) {
@@ -175,7 +220,10 @@ inline void stages_pass(float* b, int64_t n, int64_t h, const FwhtOps& o, __m512
       for (int k = 0; k < R; ++k) r[k] = _mm512_loadu_ps(b + i + j + k * h);
       stages_across<R>(r);
 #pragma GCC unroll 16
-      for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + j + k * h, last ? after(r[k], o, i + j + k * h, m) : r[k]);
+      for (int k = 0; k < R; ++k) {
+        if (last) store_result(b, i + j + k * h, after(r[k], o, i + j + k * h, m), o);
+        else _mm512_storeu_ps(b + i + j + k * h, r[k]);
+      }
     }
   }
 }
@@ -190,7 +238,10 @@ inline void first_pass(float* b, int64_t n, const FwhtOps& o, __m512i& m) {
     stages_in_register<R>(r);
     stages_across<R>(r);
 #pragma GCC unroll 16
-    for (int k = 0; k < R; ++k) _mm512_storeu_ps(b + i + 16 * k, last ? after(r[k], o, i + 16 * k, m) : r[k]);
+    for (int k = 0; k < R; ++k) {
+      if (last) store_result(b, i + 16 * k, after(r[k], o, i + 16 * k, m), o);
+      else _mm512_storeu_ps(b + i + 16 * k, r[k]);
+    }
   }
 }
 
