@@ -324,3 +324,16 @@ def test_e2m1_rounding_on_a_fine_grid_and_one_ulp_around_every_tie():
     x[:, 0] = 6.0  # each micro-group's amax is 6: its scale is 1
     x = torch.cat([x, -x]).reshape(1, -1)
     assert torch.equal(ops.quantize_rows(x, config), reference.quantize_rows(x, config))
+
+
+@pytest.mark.parametrize("name", ["fp4quant", "no_fwht", "nvfp4", "single_scale"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bit_exact_with_a_non_finite_micro_group_at_every_position(name, dtype):
+    """The fast paths encode four micro-groups at a time and fall back to one at a time around a
+    non-finite one: a NaN or an Inf in each of the 16 micro-groups of a 256-value block, one row
+    each, with finite values around it (and spans that hold none)."""
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(32, 4096 + 37, generator=g)
+    for row in range(32):
+        x[row, 256 * (row % 4) + 16 * (row % 16) + row % 7] = float("nan") if row % 2 else -float("inf")
+    check_all_ops(x.to(dtype), QuantConfig.preset(name))
