@@ -9,6 +9,8 @@
 // runs of whole micro-groups (Layout.span).  A span is processed in a float32 buffer.
 #pragma once
 
+#include <memory>
+
 #include "codec_span.h"
 
 #if defined(FP4Q_AVX512)
@@ -146,23 +148,23 @@ inline int64_t grain_spans(const Layout& lay) {
 void quantize_impl(const QuantizeArgs& a, ParallelFor pf) {
   const int64_t spans = span_count(a.lay);
   if (spans == 0) return;
-  float* partial = a.cfg.coarse == kCoarseTensor ? new float[spans] : nullptr;
-  uint32_t* maxima = nullptr;
+  std::unique_ptr<float[]> partial(a.cfg.coarse == kCoarseTensor ? new float[spans] : nullptr);
+  std::unique_ptr<uint32_t[]> maxima;
 #if defined(FP4Q_AVX512)
   // the tensor pre-pass reads every value anyway: it keeps the micro-group maxima of the
   // spans that quantize_span_direct encodes, which then read the input once more, not twice
   if (a.cfg.coarse == kCoarseTensor && avx512::direct_applies(a.cfg, a.transform, 0, 0, a.lay.n))
-    maxima = new uint32_t[a.lay.padded / 16];
+    maxima.reset(new uint32_t[a.lay.padded / 16]);
 #endif
   for (int64_t row = 0; row < a.rows; ++row) {
-    QuantizeRun r{&a, row, 0, 0.0f, inv_sqrt_group(a.cfg.group), partial, maxima};
+    QuantizeRun r{&a, row, 0, 0.0f, inv_sqrt_group(a.cfg.group), partial.get(), maxima.get()};
     if (a.cfg.coarse == kCoarseTensor) {
       pf(spans, grain_spans(a.lay), tensor_raw_amax, &r);
-      const float amax = max_of(partial, spans);
+      const float amax = max_of(partial.get(), spans);
       r.tensor_e = normalizing_exponent(amax);
       if (a.cfg.fwht && a.transform) {
         pf(spans, grain_spans(a.lay), tensor_transform, &r);
-        r.tensor_c = max_of(partial, spans) / coarse_divisor(a.cfg);
+        r.tensor_c = max_of(partial.get(), spans) / coarse_divisor(a.cfg);
       } else {  // amax(x * 2**-e) == amax(x) * 2**-e exactly
         r.tensor_c = (amax * pow2(-r.tensor_e)) / coarse_divisor(a.cfg);
       }
@@ -170,8 +172,6 @@ void quantize_impl(const QuantizeArgs& a, ParallelFor pf) {
     }
     pf(spans, grain_spans(a.lay), quantize_spans, &r);
   }
-  delete[] partial;
-  delete[] maxima;
 }
 
 // ---- dequantize ----

@@ -294,17 +294,7 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
     finite_of[j0 / 16] = finite;
   }
   auto is_finite = [&](int64_t k) { return (finite_of[k / 16] >> (k % 16)) & 1u; };
-  int64_t k = 0;
-  if (cfg.rounding == kRoundNearest) {  // four finite micro-groups at a time
-    for (; k + 4 <= micros; k += 4) {
-      if (((finite_of[k / 16] >> (k % 16)) & 15u) != 15u) break;
-      store_codes4(e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k), r[k]),
-                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 16), r[k + 1]),
-                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 32), r[k + 2]),
-                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 48), r[k + 3]), codes + 8 * k);
-    }
-  }
-  for (; k < micros; ++k) {  // the rest one at a time (stochastic rounding; after a non-finite micro-group)
+  auto one = [&](int64_t k) {
     uint8_t* out = codes + 8 * k;
     if (is_finite(k) && cfg.rounding == kRoundStochastic) {
       const __m512 u = uniforms(key, ctr0 + uint64_t(16 * k));
@@ -314,7 +304,20 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
     } else {
       std::memset(out, 0, 8);  // the non-finite code of e2m1
     }
+  };
+  int64_t k = 0;
+  for (; k + 4 <= micros; k += 4) {
+    // four finite micro-groups rounded to nearest at a time (4 divides 16: one mask word)
+    if (cfg.rounding == kRoundNearest && ((finite_of[k / 16] >> (k % 16)) & 15u) == 15u) {
+      store_codes4(e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k), r[k]),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 16), r[k + 1]),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 32), r[k + 2]),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 48), r[k + 3]), codes + 8 * k);
+      continue;
+    }
+    for (int64_t i = k; i < k + 4; ++i) one(i);
   }
+  for (; k < micros; ++k) one(k);
 }
 
 // The 16 values of a micro-group from its 8 code bytes and its decoding scale s.

@@ -83,7 +83,8 @@ inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const voi
     e4m3_micro_scales(amax, finite, c, normalize, cfg.scale_round, scales + j0, r + j0, 16);
   }
   // the codes, four micro-groups at a time, while the next span is fetched
-  const char* next = static_cast<const char*>(v) + kAheadSpans * len * int64_t(sizeof(Value<dtype>));
+  // (the address of a later span only where the row has one)
+  const char* next = ahead > 0 ? static_cast<const char*>(v) + kAheadSpans * len * int64_t(sizeof(Value<dtype>)) : nullptr;
   auto y = [&](int64_t i) {
     const __m512 x = load_input<dtype>(v, 16 * i);
     return normalize ? _mm512_mul_ps(x, p) : x;
@@ -91,7 +92,7 @@ inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const voi
   for (int64_t i = 0; i < len / 16; i += 4) {
     for (int64_t k = i; k < i + 4; ++k)
       if (16 * k < ahead) _mm_prefetch(next + 16 * k * int64_t(sizeof(Value<dtype>)), _MM_HINT_T0);
-    const __m512i m = _mm512_loadu_si512(maxima + i);
+    const __m512i m = _mm512_maskz_loadu_epi32(0xF, maxima + i);  // these four only: the array may end here
     const __mmask16 finite = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x7F800000)) & 15u;
     uint8_t* out = codes + 8 * i;
     if (finite == 15u) {
@@ -115,7 +116,7 @@ template <int32_t dtype>
 inline void quantize_span_direct_t(const Config& cfg, const Layout& lay, const void* v, int64_t first, int64_t len,
                                    int64_t ahead, int tensor_e, float tensor_c, float sum_scale, uint8_t* msg,
                                    const uint32_t* known_maxima, uint32_t* scratch) {
-  const uint32_t* maxima = known_maxima;
+  const uint32_t* maxima = known_maxima;  // known only from a tensor scale's pre-pass: raw is not needed then
   float raw = 0.0f;
   if (!maxima) {
     raw = span_maxima_t<dtype>(v, len, scratch);
@@ -175,8 +176,8 @@ inline void quantize_span_transformed(const Config& cfg, const Layout& lay, cons
   FwhtOps o{true, pow2(-e), signs, inv_sqrt, nullptr, false, 1.0f, true};
   o.src = static_cast<const char*>(x) + first * size;
   o.src_dtype = dtype;
-  o.ahead = static_cast<const char*>(x) + (first + kAheadSpans * len) * size;
   o.ahead_bytes = ahead_values(first, len, lay.n) * size;
+  if (o.ahead_bytes > 0) o.ahead = static_cast<const char*>(x) + (first + kAheadSpans * len) * size;
   const float amax = fwht_fused(b, len, o);
   encode_prepared(cfg, lay, b, first, len, e, 0.0f, msg, key, ctr0, 1.0f, amax);
 }
