@@ -47,7 +47,10 @@ def parse(argv=None) -> TrainConfig:
 def fail(exc: Exception, status: int) -> int:
     """Report ``exc`` in one line on stderr and, under torchrun, in this worker's error file."""
     message = f"fp4quant.train: error: {exc}"
-    print(message, file=sys.stderr)
+    # one write of the whole line: the ranks under torchrun share one stderr pipe, and print()
+    # writes the text and its newline apart, so two ranks' lines could run into one
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):  # the format torch.distributed.elastic reads back
         record = {"message": {"message": message,
                               "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
