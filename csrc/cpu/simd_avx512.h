@@ -17,25 +17,12 @@ namespace avx512 {
 // load_values, each value times p (count a multiple of 16, every value exists).
 inline void load_values_times(const void* x, int32_t dtype, int64_t first, int64_t count, float* buf, float p) {
   for (int64_t i = 0; i < count; i += 16) {
-    __m512 v;
-    if (dtype == kF32) {
-      v = _mm512_loadu_ps(static_cast<const float*>(x) + first + i);
-    } else {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + first + i));
-      v = dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
-    }
+    const __m512 v = load_any(x, dtype, first + i);
     _mm512_storeu_ps(buf + i, _mm512_mul_ps(v, _mm512_set1_ps(p)));
   }
 }
 
 // The finite amax of count input values (a multiple of 16, every value exists), read only.
-template <int32_t dtype>
-inline __m512 load_input(const void* x, int64_t i) {
-  if (dtype == kF32) return _mm512_loadu_ps(static_cast<const float*>(x) + i);
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + i));
-  return dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
-}
-
 template <int32_t dtype>
 inline float input_amax_t(const void* x, int64_t first, int64_t count) {
   __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
@@ -65,13 +52,7 @@ inline float input_amax(const void* x, int32_t dtype, int64_t first, int64_t cou
 inline float load_values_amax(const void* x, int32_t dtype, int64_t first, int64_t count, float* buf) {
   __m512 m = _mm512_setzero_ps();
   for (int64_t i = 0; i < count; i += 16) {
-    __m512 v;
-    if (dtype == kF32) {
-      v = _mm512_loadu_ps(static_cast<const float*>(x) + first + i);
-    } else {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + first + i));
-      v = dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
-    }
+    const __m512 v = load_any(x, dtype, first + i);
     _mm512_storeu_ps(buf + i, v);
     const __m512 a = abs_ps(v);
     m = _mm512_mask_max_ps(m, finite_mask(a), m, a);

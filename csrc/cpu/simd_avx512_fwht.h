@@ -19,6 +19,20 @@ inline __m512 abs_ps(__m512 v) {
 
 inline __mmask16 finite_mask(__m512 a_abs) { return _mm512_cmp_ps_mask(a_abs, _mm512_set1_ps(__builtin_inff()), _CMP_LT_OQ); }
 
+// 16 input values from index i of x as floats (float32, bfloat16 or float16).
+template <int32_t dtype>
+inline __m512 load_input(const void* x, int64_t i) {
+  if (dtype == kF32) return _mm512_loadu_ps(static_cast<const float*>(x) + i);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(x) + i));
+  return dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+// load_input for a dtype known at run time.
+inline __m512 load_any(const void* x, int32_t dtype, int64_t i) {
+  if (dtype == kF32) return load_input<kF32>(x, i);
+  return dtype == kBF16 ? load_input<kBF16>(x, i) : load_input<kF16>(x, i);
+}
+
 inline __m512i abs_bits(__m512 v) { return _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)); }
 
 // The finite amax from the largest |value| bits m seen, or -1 when that is not finite (the
@@ -187,9 +201,7 @@ inline void store_result(float* b, int64_t at, __m512 v, const FwhtOps& o) {
 
 // 16 values from index i of the first pass's source, as floats.
 inline __m512 load_source(const FwhtOps& o, const float* b, int64_t i) {
-  if (!o.src || o.src_dtype == kF32) return _mm512_loadu_ps((o.src ? static_cast<const float*>(o.src) : b) + i);
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(o.src) + i));
-  return o.src_dtype == kBF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+  return o.src ? load_any(o.src, o.src_dtype, i) : _mm512_loadu_ps(b + i);
 }
 
 inline __m512 before(__m512 v, const FwhtOps& o, int64_t at) {
