@@ -384,7 +384,7 @@ def sensitivity(df: pd.DataFrame, out, profile: str) -> None:
     _finish(fig, df, profile, out)
 
 
-VALIDATION_PARTS = ("compute", "codec", "communication", "scalar", "total")
+VALIDATION_PARTS = ("compute", "codec", "communication", "wait", "scalar", "total")
 
 
 def validation(df: pd.DataFrame, out, profile: str) -> None:
@@ -392,11 +392,12 @@ def validation(df: pd.DataFrame, out, profile: str) -> None:
     configuration, measured (mean over steady steps, and over repeats where the validation
     was repeated; bar: SD over the steps, or over the repeats) and predicted seconds of each
     component, the relative error above each pair (repeats: their mean and range)."""
-    d = validate.summary(df[df.component.isin(VALIDATION_PARTS)])
+    parts = [p for p in VALIDATION_PARTS if p in set(df.component)]  # older runs: no wait
+    d = validate.summary(df[df.component.isin(parts)])
     configs = list(dict.fromkeys(d.config))
-    fig, axes = plt.subplots(1, len(VALIDATION_PARTS), figsize=(3.2 * len(VALIDATION_PARTS), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(parts), figsize=(3.2 * len(parts), 3.6), squeeze=False)
     kinds = {"measured": "#4C72B0", "predicted": "#DD8452"}
-    for ax, comp in zip(axes[0], VALIDATION_PARTS):
+    for ax, comp in zip(axes[0], parts):
         c = d[d.component == comp].set_index("config").reindex(configs)
         x = range(len(configs))
         ax.bar([i - 0.2 for i in x], c.measured_s * 1e3, 0.4, yerr=c.measured_sd_s * 1e3, capsize=2,

@@ -9,12 +9,15 @@ For each run, over its steady steps (the first ``--skip`` fraction dropped: star
 the first step's cross-rank validation), the trainer's own timers give
 
 measured   total = step_time_s; codec = the codec timers (quantize_s + dequantize_s of
-           both directions); communication = comm_s of both directions (blocking: all of
-           it is exposed, waiting for a slower peer included); scalar = scalar_comm_s, the
-           trainer's small uncompressed all-reduces (loss statistics, gradient norm,
-           non-finite check; a wait for a slower peer included); compute = total - codec -
-           communication - scalar (everything else; logs without scalar_comm_s count the
-           scalar all-reduces in compute, on both sides)
+           both directions); communication = comm_least_s of both directions, the least
+           over the ranks of a step's seconds in the TP collectives (blocking: all of it is
+           exposed); wait = comm_s - comm_least_s, the logging rank's waits in them for a
+           slower peer beyond that (logs without comm_least_s: communication = comm_s, the
+           waits included, and no wait row); scalar = scalar_comm_s, the trainer's small
+           uncompressed all-reduces (loss statistics, gradient norm, non-finite check; a wait
+           for a slower peer included); compute = total - codec - communication - wait -
+           scalar (everything else; logs without scalar_comm_s count the scalar all-reduces
+           in compute, on both sides)
 
 and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone: FLOP/s
 of a rank while all compute, cut by idle gaps where the run's all-reduces are, as long as
@@ -23,9 +26,9 @@ shapes and rounding, timed inside those steps where the run runs it (older probe
 real compressed all-reduces); the link fitted to its all-reduces (model.fit_link: the slope of the
 medians; the latency from the smallest message, its mean over the probe's many where it
 rides on the burst) with the token bucket's depth from the record; the scalar all-reduces as the probe timed them inside its steps; the ranks'
-skew (a rank's wait for a slower one, which the trainer's timers count as communication).
+skew (a rank's wait for a slower one: the wait row, or inside communication for older logs).
 Nothing is fitted to the training runs.  Rows: config,
-comm, component (compute, quantize, dequantize, codec, communication, scalar, total),
+comm, component (compute, quantize, dequantize, codec, communication, wait, scalar, total),
 measured_s (mean over the steady steps) and its SD, predicted_s, rel_error
 (predicted / measured - 1).
 
@@ -45,7 +48,7 @@ from ..models.config import ModelConfig
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
 from .model import Machine, Workload, fit_link, step
 
-COMPONENTS = ("compute", "quantize", "dequantize", "codec", "communication", "scalar", "total")
+COMPONENTS = ("compute", "quantize", "dequantize", "codec", "communication", "wait", "scalar", "total")
 # keys under which an emulation that stretches the codec (sleeps in proportion) records its factor
 CODEC_STRETCH_KEYS = ("codec_stretch", "codec_dilation")
 
@@ -81,25 +84,30 @@ def measured_components(records: list[dict]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {c: [] for c in COMPONENTS}
     split = True
     scalar_timed = all("scalar_comm_s" in r for r in records)
+    least_timed = all(f"{d}_comm_least_s" in r for r in records for d in ("fwd", "bwd"))
     for r in records:
-        codec = quant = dequant = comm = 0.0
+        codec = quant = dequant = comm = least = 0.0
         for d in ("fwd", "bwd"):
             c, q, dq = _codec_fields(r, d)
             codec += c
             comm += r.get(f"{d}_comm_s", 0.0)
+            least += r[f"{d}_comm_least_s"] if least_timed else r.get(f"{d}_comm_s", 0.0)
             if q is None:
                 split = False
             else:
                 quant, dequant = quant + q, dequant + dq
         total = r["step_time_s"]
         scalar = r["scalar_comm_s"] if scalar_timed else 0.0
-        for name, value in (("total", total), ("codec", codec), ("communication", comm), ("scalar", scalar),
-                            ("compute", total - codec - comm - scalar), ("quantize", quant), ("dequantize", dequant)):
+        for name, value in (("total", total), ("codec", codec), ("communication", least), ("wait", comm - least),
+                            ("scalar", scalar), ("compute", total - codec - comm - scalar), ("quantize", quant),
+                            ("dequantize", dequant)):
             out[name].append(value)
     if not split:
         del out["quantize"], out["dequantize"]
     if not scalar_timed:
         del out["scalar"]
+    if not least_timed:
+        del out["wait"]
     return out
 
 
@@ -126,13 +134,16 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
                "codec_stretch": codec_stretch}
 
 
-def predicted_components(w: Workload, m: Machine, comm: str, scalar_apart: bool = True) -> dict[str, float]:
+def predicted_components(w: Workload, m: Machine, comm: str, scalar_apart: bool = True,
+                         wait_apart: bool = True) -> dict[str, float]:
     """``scalar_apart``: the scalar all-reduces as a component of their own (the runs time them),
-    else inside compute (older runs)."""
+    else inside compute (older runs); ``wait_apart``: the skew as the wait component (the runs
+    time the collectives' least over the ranks), else inside communication (older runs)."""
     s = step(w, m, comm)
     return {"compute": s.compute_s + (0.0 if scalar_apart else s.scalar_s), "scalar": s.scalar_s,
             "quantize": s.quantize_s, "dequantize": s.dequantize_s, "codec": s.codec_s,
-            "communication": s.exposed_comm_s + s.skew_s, "total": s.total_s}
+            "communication": s.exposed_comm_s + (0.0 if wait_apart else s.skew_s), "wait": s.skew_s,
+            "total": s.total_s}
 
 
 def _record(run: Path) -> dict:
@@ -161,7 +172,8 @@ def case_rows(probe_path: Path, runs: list[Path], skip: float) -> tuple[list[dic
             name = f"{cfg['comm']} (loopback; {rate:g} Mbit/s asked)"
         fits[name] = {**fit, "run": str(run), "emulated": record.get("emulated")}
         measured = measured_components(steady(read_log(run), skip))
-        predicted = predicted_components(w, machine, cfg["comm"], scalar_apart="scalar" in measured)
+        predicted = predicted_components(w, machine, cfg["comm"], scalar_apart="scalar" in measured,
+                                         wait_apart="wait" in measured)
         for comp in COMPONENTS:
             if comp not in measured:
                 continue

@@ -247,7 +247,11 @@ class Trainer:
         if self.mesh.dp > 1:  # the logged loss is the mean over DP ranks
             self._all_reduce_scalar(loss_value, group=self.mesh.dp_group)
             loss_value /= self.mesh.dp
-        self._stop_if_not_finite(float(loss_value), grad_norm)
+        # every TP collective of the step is done: its seconds in them so far, per direction
+        now = comm.stats()
+        comm_s = {d: now.get(r.stats_key, {}).get("comm_s", 0.0) - before.get(r.stats_key, {}).get("comm_s", 0.0)
+                  for d, r in self.tp.routes.items()}
+        comm_least_s = self._stop_if_not_finite(float(loss_value), grad_norm, comm_s)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._sync()
@@ -260,19 +264,29 @@ class Trainer:
             a, b = after.get(route.stats_key, {}), before.get(route.stats_key, {})
             for key in ("bytes_sent", "bytes_uncompressed", "codec_s", "quantize_s", "dequantize_s", "comm_s", "calls"):
                 record[f"{direction}_{key}"] = a.get(key, 0) - b.get(key, 0)
+            record[f"{direction}_comm_least_s"] = comm_least_s[direction]
         self.step += 1
         return record
 
-    def _stop_if_not_finite(self, loss: float, grad_norm: float) -> None:
-        """Raise TrainingDiverged on every rank when any rank's loss or gradient norm is not finite."""
-        bad = torch.tensor([0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0], device=self.device)
+    def _stop_if_not_finite(self, loss: float, grad_norm: float, comm_s: dict[str, float]) -> dict[str, float]:
+        """Raise TrainingDiverged on every rank when any rank's loss or gradient norm is not finite.
+
+        Returns the least over the ranks of each of ``comm_s`` (this rank's seconds in the step's
+        collectives, per direction), from the same all-reduce (no collective of its own): a
+        rank's timers count its waits for a slower peer as communication, and the rank that
+        arrives last at the collectives waits least, so the least is the closer measure of
+        the link's time (an upper bound: the ranks may take turns being last)."""
+        flags = [0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0] + [-s for s in comm_s.values()]
+        bad = torch.tensor(flags, dtype=torch.float64, device=self.device)
         if self.mesh.world > 1:  # every rank stops together, none waits in a collective
             self._all_reduce_scalar(bad, op=dist.ReduceOp.MAX)
-        if bad.item():
+        least = dict(zip(comm_s, (-v for v in bad[1:].tolist())))
+        if bad[0].item():
             kept = f"step {self.last_checkpoint}" if self.last_checkpoint is not None else "none"
             raise TrainingDiverged(f"step {self.step}: loss {loss}, gradient norm {grad_norm} (not finite on this rank "
                                    f"or another): stopped before applying the step; last checkpoint: {kept} "
                                    f"in {self.out / 'checkpoints'}")
+        return least
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

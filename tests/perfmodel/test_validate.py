@@ -21,7 +21,7 @@ PROBE = {
 }
 
 
-def step_record(i: int, split: bool = True, scalar: float | None = None) -> dict:
+def step_record(i: int, split: bool = True, scalar: float | None = None, least: bool = False) -> dict:
     r = {"step": i, "step_time_s": 0.100 + 0.002 * (i % 3)}
     if scalar is not None:  # the trainer's timer of its scalar all-reduces (runs after 8be7651)
         r["scalar_comm_s"] = scalar
@@ -31,12 +31,14 @@ def step_record(i: int, split: bool = True, scalar: float | None = None) -> dict
         else:  # before the split: quantize_s was the whole codec
             r[f"{d}_quantize_s"] = q + dq
         r[f"{d}_comm_s"] = c
+        if least:  # the least over the ranks of the step's seconds in the collectives (runs after 9fc23cd)
+            r[f"{d}_comm_least_s"] = c - 0.005 * (d == "fwd") - 0.010 * (d == "bwd")
     return r
 
 
-def make_run(path, comm="fp4quant", steps=10, split=True, rate=60.0, emulated=True, scalar=None):
+def make_run(path, comm="fp4quant", steps=10, split=True, rate=60.0, emulated=True, scalar=None, least=False):
     path.mkdir(parents=True)
-    (path / "log.jsonl").write_text("".join(json.dumps(step_record(i, split, scalar)) + "\n" for i in range(steps)))
+    (path / "log.jsonl").write_text("".join(json.dumps(step_record(i, split, scalar, least)) + "\n" for i in range(steps)))
     (path / "summary.json").write_text(json.dumps({
         "model": MODEL.to_dict(), "mesh": {"tp": 2, "dp": 1},
         "provenance": {"config": {"comm": comm, "seq_len": 128, "batch_size": 2}}}))
@@ -89,6 +91,25 @@ def test_timed_scalar_all_reduces_are_a_component_of_their_own(tmp_path):
     assert got["total"]["predicted_s"] == pytest.approx(s.total_s)
 
 
+def test_the_least_over_ranks_is_communication_and_the_rest_is_the_wait(tmp_path):
+    run = make_run(tmp_path / "run", scalar=0.012, least=True)  # the slower rank: 0.015 and 0.020 s
+    (tmp_path / "probe.json").write_text(json.dumps(PROBE))
+    rows, _ = validate.case_rows(tmp_path / "probe.json", [run], skip=0.2)
+    got = {r["component"]: r for r in rows}
+    total = sum(step_record(i)["step_time_s"] for i in range(2, 10)) / 8
+    assert got["communication"]["measured_s"] == pytest.approx(0.035)
+    assert got["wait"]["measured_s"] == pytest.approx(0.050 - 0.035)
+    # the parts still add up to the step: compute is what the timers leave
+    assert got["compute"]["measured_s"] == pytest.approx(total - 0.007 - 0.050 - 0.012)
+    parts = ("compute", "codec", "communication", "wait", "scalar")
+    assert sum(got[c]["measured_s"] for c in parts) == pytest.approx(got["total"]["measured_s"])
+    machine, _ = validate.machine_from_probe(PROBE, 131072)
+    s = step(Workload(MODEL, 2, 128, 2), machine, "fp4quant")
+    assert got["communication"]["predicted_s"] == pytest.approx(s.exposed_comm_s)  # no skew inside
+    assert got["wait"]["predicted_s"] == pytest.approx(0.003)  # the probe's skew
+    assert sum(got[c]["predicted_s"] for c in parts) == pytest.approx(s.total_s)
+
+
 def test_the_codec_in_the_model_splits_stochastic_backward_and_shards_the_reduce():
     machine, _ = validate.machine_from_probe(PROBE, 0)
     s = step(Workload(MODEL, 2, 128, 2), machine, "fp4quant")
@@ -117,7 +138,7 @@ def test_old_logs_give_the_codec_without_its_split_and_stretch_is_read(tmp_path)
 
 def test_main_writes_the_csv_and_refuses_bad_input_in_one_line(tmp_path, capsys):
     (tmp_path / "probe.json").write_text(json.dumps(PROBE))
-    runs = [make_run(tmp_path / c, comm=c, scalar=0.01) for c in ("bf16", "fp4quant")]
+    runs = [make_run(tmp_path / c, comm=c, scalar=0.01, least=True) for c in ("bf16", "fp4quant")]
     out = tmp_path / "model_validation.csv"
     assert validate.main(["--case", str(tmp_path / "probe.json"), *map(str, runs), "--out", str(out)]) == 0
     df = pd.read_csv(out)

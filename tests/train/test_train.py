@@ -24,6 +24,11 @@ def test_tp2_matches_tp1_uncompressed(data, tmp_path):
     for name, timed in (("tp1", False), ("tp2", True)):
         for r in map(json.loads, (tmp_path / name / "log.jsonl").read_text().splitlines()):
             assert (r["scalar_comm_s"] > 0) == timed, (name, r)
+            # the least over the ranks of the step's seconds in the TP collectives: this rank's at TP=1
+            for d in ("fwd", "bwd"):
+                assert 0 <= r[f"{d}_comm_least_s"] <= r[f"{d}_comm_s"], (name, r)
+                if not timed:
+                    assert r[f"{d}_comm_least_s"] == r[f"{d}_comm_s"], (name, r)
 
 
 @pytest.mark.slow
