@@ -107,6 +107,7 @@ inline void store16(__m512 v, void* out, int32_t dtype, int64_t i, bool saturate
 // the throughput is the same), and a chain of four stages per register is the first pass.
 template <int h>
 inline __m512 partners(__m512 v) {
+  static_assert(h == 1 || h == 2 || h == 4 || h == 8, "a stride inside one 16-lane register");
   if (h == 1) return _mm512_permute_ps(v, 0xB1);      // lanes 1 0 3 2 of each 128-bit block
   if (h == 2) return _mm512_permute_ps(v, 0x4E);      // lanes 2 3 0 1
   if (h == 4) return _mm512_shuffle_f32x4(v, v, 0xB1);  // blocks 1 0 3 2

@@ -136,8 +136,12 @@ def model_validation(df: pd.DataFrame, out, profile: str) -> None:
                f"milliseconds per step ({spread}; from the trainer's timers; "
                "predicted from a probe of the same links and ranks, nothing fitted to the runs). "
                "Scalar: the trainer's small uncompressed all-reduces (loss statistics, gradient norm, non-finite check); "
-               "Communication: the least over the ranks of a step's seconds in the TP all-reduces; wait: the "
-               "logging rank's seconds in them beyond that (waiting for a slower peer; the model's skew); "
-               "compute is the step less codec, communication, wait and scalar. " + _where(df, profile))
+               + ("communication: the least over the ranks of a step's seconds in the TP collectives; wait: the "
+                  "logging rank's seconds in them beyond that (waiting for a slower peer; the model's skew); "
+                  "compute is the step less codec, communication, wait and scalar. "
+                  if "wait" in set(df.component) else
+                  "communication: the logging rank's seconds in the TP collectives (a wait for a slower peer "
+                  "included; the model's skew with it); compute is the step less codec, communication and scalar. ")
+               + _where(df, profile))
     _write(out, df, profile, ["configuration", "component", "measured (ms)", "predicted (ms)", "error"], rows, caption,
            "tab:model_validation")

@@ -275,7 +275,8 @@ class Trainer:
         collectives, per direction), from the same all-reduce (no collective of its own): a
         rank's timers count its waits for a slower peer as communication, and the rank that
         arrives last at the collectives waits least, so the least is the closer measure of
-        the link's time (an upper bound: the ranks may take turns being last)."""
+        the link's time (an upper bound: the ranks may take turns being last).  The least is
+        over the world: with DP replicas, over every replica's TP ranks (the same work)."""
         flags = [0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0] + [-s for s in comm_s.values()]
         bad = torch.tensor(flags, dtype=torch.float64, device=self.device)
         if self.mesh.world > 1:  # every rank stops together, none waits in a collective

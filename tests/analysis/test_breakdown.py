@@ -77,11 +77,15 @@ def test_allreduce_band_and_emulated_panel(tmp_path):
     assert (tmp_path / "loopback.pdf").stat().st_size > 5000
 
 
-def validation_frame() -> pd.DataFrame:
+def validation_frame(wait: bool = False) -> pd.DataFrame:
+    """``wait``: runs from e18c9a2 on (communication the least over the ranks, the rest a wait)."""
     rows = []
     for config in ("bf16 @ 30 Mbit/s", "fp4quant @ 30 Mbit/s"):
-        for comp, m, p in (("compute", 0.1, 0.09), ("codec", 0.01 if "fp4" in config else 0.0, 0.012 if "fp4" in config else 0.0),
-                           ("communication", 0.3, 0.33), ("total", 0.41, 0.432)):
+        parts = [("compute", 0.1, 0.09), ("codec", 0.01 if "fp4" in config else 0.0, 0.012 if "fp4" in config else 0.0),
+                 ("communication", 0.3, 0.33), ("total", 0.41, 0.432)]
+        if wait:
+            parts[2:3] = [("communication", 0.296, 0.33), ("wait", 0.004, 0.002)]
+        for comp, m, p in parts:
             rows.append({**ORIGIN, "config": config, "comm": config.split()[0], "component": comp, "measured_s": m,
                          "measured_sd_s": 0.01, "predicted_s": p, "rel_error": p / m - 1 if m else ""})
     return pd.DataFrame(rows)
@@ -95,6 +99,17 @@ def test_validation_figure_and_table(tmp_path):
     tex = (tmp_path / "t.tex").read_text()
     assert r"fp4quant @ 30 Mbit/s & total & 410.00 $\pm$ 10.00 & 432.00 & +5\%" in tex
     assert r"bf16 @ 30 Mbit/s & codec & 0.00 $\pm$ 10.00 & 0.00 &  \\" in tex  # no error where nothing was measured
+    assert "& wait &" not in tex and "a wait for a slower peer included" in tex  # older runs: no wait row
+
+
+def test_validation_figure_and_table_with_the_wait(tmp_path):
+    df = pd.read_csv(_csv(tmp_path, validation_frame(wait=True)))
+    figures.validation(df, tmp_path / "validation.pdf", "cpu")
+    assert (tmp_path / "validation.pdf").read_bytes().startswith(b"%PDF")
+    tables.model_validation(df, tmp_path / "t.tex", "cpu")
+    tex = (tmp_path / "t.tex").read_text()
+    assert r"fp4quant @ 30 Mbit/s & wait & 4.00 $\pm$ 10.00 & 2.00 & -50\%" in tex
+    assert "the least over the ranks" in tex
 
 
 def _csv(tmp_path, df):

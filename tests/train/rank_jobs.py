@@ -27,6 +27,13 @@ def train(rank, world, **kwargs):
     return {"losses": losses, "summary": summary, "checksum": checksum, "mesh": (trainer.mesh.tp_rank, trainer.mesh.dp_rank)}
 
 
+def step_records(rank, world, steps=2, **kwargs):
+    """Every rank's records of ``steps`` training steps (Trainer.train_step, no log)."""
+    trainer = Trainer(TrainConfig(**kwargs))
+    trainer.model.train()
+    return [trainer.train_step() for _ in range(steps)]
+
+
 def start(rank, world, per_rank=None, **kwargs):
     """Build a Trainer from ``kwargs`` updated by ``per_rank[rank]``; the error's text, or None if it started."""
     try:

@@ -31,6 +31,16 @@ def test_tp2_matches_tp1_uncompressed(data, tmp_path):
                     assert r[f"{d}_comm_least_s"] == r[f"{d}_comm_s"], (name, r)
 
 
+def test_the_least_time_in_the_collectives_is_the_least_over_the_ranks(data, tmp_path):
+    ranks = run_ranks("train.rank_jobs:step_records", 2, short(data, tmp_path / "least", tp=2, comm="fp4quant"))
+    for step, records in enumerate(zip(*ranks)):
+        for d in ("fwd", "bwd"):
+            least = min(r[f"{d}_comm_s"] for r in records)
+            assert least > 0, (step, records)
+            for r in records:  # every rank learns the same least, from the same all-reduce
+                assert r[f"{d}_comm_least_s"] == least, (step, d, records)
+
+
 @pytest.mark.slow
 def test_sequence_parallel_and_activation_checkpointing_match(data, tmp_path):
     base = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "a", tp=2, comm="exact"))[0]["losses"]
