@@ -122,28 +122,6 @@ inline __m512 stage_in_register(__m512 v, __m512 sign) {
 // -1 in the lanes of `upper`, 1 elsewhere
 inline __m512 lane_signs(__mmask16 upper) { return _mm512_mask_blend_ps(upper, _mm512_set1_ps(1.0f), _mm512_set1_ps(-1.0f)); }
 
-// All radix-2 stages on n values (n a multiple of 16): strides 1..8 (level one, in
-// registers), then 16..n/2 (level two, register pairs).
-inline void butterflies(float* b, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    __m512 v = _mm512_loadu_ps(b + i);
-    v = stage_in_register<1>(v, lane_signs(0xAAAA));
-    v = stage_in_register<2>(v, lane_signs(0xCCCC));
-    v = stage_in_register<4>(v, lane_signs(0xF0F0));
-    v = stage_in_register<8>(v, lane_signs(0xFF00));
-    _mm512_storeu_ps(b + i, v);
-  }
-  for (int64_t h = 16; h < n; h *= 2) {
-    for (int64_t i = 0; i < n; i += 2 * h) {
-      for (int64_t j = 0; j < h; j += 16) {
-        const __m512 a = _mm512_loadu_ps(b + i + j), c = _mm512_loadu_ps(b + i + j + h);
-        _mm512_storeu_ps(b + i + j, _mm512_add_ps(a, c));
-        _mm512_storeu_ps(b + i + j + h, _mm512_sub_ps(a, c));
-      }
-    }
-  }
-}
-
 // R registers r[0..R) of 16 values each, R/2 .. 1 apart in a block: the butterfly stages of
 // strides 16 * (1, 2, .. R/2) across them (lower + upper, lower - upper: as butterflies()).
 template <int R>
@@ -169,6 +147,25 @@ inline void stages_in_register(__m512* r) {
     v = stage_in_register<2>(v, lane_signs(0xCCCC));
     v = stage_in_register<4>(v, lane_signs(0xF0F0));
     r[k] = stage_in_register<8>(v, lane_signs(0xFF00));
+  }
+}
+
+// All radix-2 stages on n values (n a multiple of 16): strides 1..8 (level one, in
+// registers), then 16..n/2 (level two, register pairs).
+inline void butterflies(float* b, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 v = _mm512_loadu_ps(b + i);
+    stages_in_register<1>(&v);
+    _mm512_storeu_ps(b + i, v);
+  }
+  for (int64_t h = 16; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = 0; j < h; j += 16) {
+        const __m512 a = _mm512_loadu_ps(b + i + j), c = _mm512_loadu_ps(b + i + j + h);
+        _mm512_storeu_ps(b + i + j, _mm512_add_ps(a, c));
+        _mm512_storeu_ps(b + i + j + h, _mm512_sub_ps(a, c));
+      }
+    }
   }
 }
 

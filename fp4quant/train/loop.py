@@ -247,23 +247,24 @@ class Trainer:
         if self.mesh.dp > 1:  # the logged loss is the mean over DP ranks
             self._all_reduce_scalar(loss_value, group=self.mesh.dp_group)
             loss_value /= self.mesh.dp
-        # every TP collective of the step is done: its seconds in them so far, per direction
-        now = comm.stats()
-        comm_s = {d: now.get(r.stats_key, {}).get("comm_s", 0.0) - before.get(r.stats_key, {}).get("comm_s", 0.0)
-                  for d, r in self.tp.routes.items()}
-        comm_least_s = self._stop_if_not_finite(float(loss_value), grad_norm, comm_s)
+        # every TP collective of the step is done (the optimizer step issues none): the step's
+        # counters per direction
+        after = comm.stats()
+        counted = {}
+        for direction, route in self.tp.routes.items():
+            a, b = after.get(route.stats_key, {}), before.get(route.stats_key, {})
+            for key in ("bytes_sent", "bytes_uncompressed", "codec_s", "quantize_s", "dequantize_s", "comm_s", "calls"):
+                counted[f"{direction}_{key}"] = a.get(key, 0) - b.get(key, 0)
+        comm_least_s = self._stop_if_not_finite(float(loss_value), grad_norm,
+                                                {d: counted[f"{d}_comm_s"] for d in self.tp.routes})
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._sync()
         step_time = time.perf_counter() - t0
-        after = comm.stats()
         record = {"step": self.step, "loss": float(loss_value), "lr": lr, "grad_norm": grad_norm,
                   "step_time_s": step_time, "tokens_per_s": self.tokens_per_step / step_time,
-                  "scalar_comm_s": self.scalar_allreduce_s + self.tp.exact_allreduce_s - scalar_before}
-        for direction, route in self.tp.routes.items():
-            a, b = after.get(route.stats_key, {}), before.get(route.stats_key, {})
-            for key in ("bytes_sent", "bytes_uncompressed", "codec_s", "quantize_s", "dequantize_s", "comm_s", "calls"):
-                record[f"{direction}_{key}"] = a.get(key, 0) - b.get(key, 0)
+                  "scalar_comm_s": self.scalar_allreduce_s + self.tp.exact_allreduce_s - scalar_before, **counted}
+        for direction in self.tp.routes:
             record[f"{direction}_comm_least_s"] = comm_least_s[direction]
         self.step += 1
         return record
