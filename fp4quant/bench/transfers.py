@@ -4,11 +4,14 @@
         -m fp4quant.bench.transfers --out data/cpu/bench/transfers.csv
 
 The compressed all-reduce (fp4quant.comm.algorithms.two_shot) exchanges its messages with
-``all_to_all_single`` and ``all_gather_into_tensor``; an uncompressed BF16 all-reduce is the
-backend's own ``all_reduce`` (gloo: a ring that pipelines its chunks).  On a shaped link the
-primitives need not reach the same rate: this times each of them, plus a concurrent
-``isend`` / ``irecv`` pair to every peer, at sizes given as the bytes each rank sends, and
-reports the rate per rank (sent bytes / seconds).  Each timed call follows a barrier; the
+fp4quant.comm.exchange's all-to-all and all-gather ("exchange_all_to_all",
+"exchange_all_gather": on gloo, point-to-point with every receive posted first); an
+uncompressed BF16 all-reduce is the backend's own ``all_reduce`` (gloo: a ring that pipelines
+its chunks).  On a shaped link the primitives need not reach the same rate: this times each
+of them, beside torch's ``all_to_all_single`` and ``all_gather_into_tensor`` and a concurrent
+``isend`` / ``irecv`` pair to every peer posted sends first (on gloo these let the two
+directions of the link take turns: see fp4quant.comm.exchange), at sizes given as the bytes
+each rank sends, and reports the rate per rank (sent bytes / seconds).  Each timed call follows a barrier; the
 slowest rank's time counts.
 
 Rows: primitive, size_bytes (asked), sent_bytes (what each rank sends), iters, latency_s (median) with min and max,
@@ -27,10 +30,12 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from ..comm import exchange as comm_exchange
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
 
 SIZES = (65536, 262144, 1 << 20, 4 << 20)
-PRIMITIVES = ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "isend_irecv")
+PRIMITIVES = ("all_reduce", "exchange_all_to_all", "exchange_all_gather", "all_to_all_single",
+              "all_gather_into_tensor", "isend_irecv")
 
 
 def exchange(primitive: str, sent_bytes: int, rank: int, world: int) -> tuple[Callable[[], None], int]:
@@ -41,15 +46,17 @@ def exchange(primitive: str, sent_bytes: int, rank: int, world: int) -> tuple[Ca
         values = max(world, sent_bytes * world // (2 * max(world - 1, 1)) // 2)
         t = torch.zeros(values, dtype=torch.bfloat16)
         return (lambda: dist.all_reduce(t)), 2 * (world - 1) * 2 * values // world
-    if primitive == "all_to_all_single":  # W chunks, W-1 of them leave
+    if primitive in ("exchange_all_to_all", "all_to_all_single"):  # W chunks, W-1 of them leave
         src = torch.zeros(world * per_peer, dtype=torch.uint8)
         dst = torch.empty_like(src)
-        return (lambda: dist.all_to_all_single(dst, src)), (world - 1) * per_peer
-    if primitive == "all_gather_into_tensor":  # the shard goes to each of W-1 peers
+        fn = comm_exchange.all_to_all if primitive == "exchange_all_to_all" else dist.all_to_all_single
+        return (lambda: fn(dst, src)), (world - 1) * per_peer
+    if primitive in ("exchange_all_gather", "all_gather_into_tensor"):  # the shard goes to each of W-1 peers
         shard = torch.zeros(per_peer, dtype=torch.uint8)
         out = torch.empty(world * per_peer, dtype=torch.uint8)
-        return (lambda: dist.all_gather_into_tensor(out, shard)), (world - 1) * per_peer
-    if primitive == "isend_irecv":  # every pair at once, both directions posted before waiting
+        fn = comm_exchange.all_gather if primitive == "exchange_all_gather" else dist.all_gather_into_tensor
+        return (lambda: fn(out, shard)), (world - 1) * per_peer
+    if primitive == "isend_irecv":  # every pair at once, sends posted first, both before waiting
         src = torch.zeros(world * per_peer, dtype=torch.uint8)
         dst = torch.empty_like(src)
         peers = [p for p in range(world) if p != rank]

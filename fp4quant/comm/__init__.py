@@ -18,7 +18,8 @@ micro-group (with the FWHT: the same FWHT group) on every rank.
 
 Modules: collectives (public API), wire (what crosses the wire), streams (random streams
 of stochastic rounding, owned by the caller), algorithms (the Call and two-shot,
-one-shot, gather, scatter as chunked pipelines), plan (sharding, padding, chunking),
+one-shot, gather, scatter as chunked pipelines), exchange (their all-to-all and all-gather:
+full duplex on gloo), plan (sharding, padding, chunking),
 auto (algorithm selection from the benchmark's thresholds), validate (argument checks
 and cross-rank validation), counters (stats()), dilation (the emulated cluster's latency
 and codec stretch).  Benchmark:

@@ -1,16 +1,17 @@
 """The compressed algorithms, as pipelines of codec steps and asynchronous collectives.
 
-two_shot    (all-reduce) pad to (W, S) -> quantize_rows -> all_to_all_single ->
+two_shot    (all-reduce) pad to (W, S) -> quantize_rows -> all-to-all ->
             dequantize_reduce(requantize=True) -> all-gather of the W shard messages ->
             dequantize_rows -> the first N values
 one_shot    (all-reduce) quantize_rows(1, N) -> all-gather -> dequantize_reduce(requantize=False)
 gather      (all-gather) quantize_rows(1, n) -> all-gather -> dequantize_rows (W, n)
-scatter     (reduce-scatter) quantize_rows(W, n) -> all_to_all_single -> dequantize_reduce(requantize=False)
+scatter     (reduce-scatter) quantize_rows(W, n) -> all-to-all -> dequantize_reduce(requantize=False)
 
 Each takes its tensors and one ``Call`` (group, world, rank, wire, streams, recorder,
 chunking, overlap), built once per collective by fp4quant.comm.collectives.  Each works
 chunk by chunk (fp4quant.comm.plan.chunks); with more than one chunk the collective of
-chunk k runs (async_op=True) while the codec works on its neighbours.  ``call.rec`` (a
+chunk k runs (async_op=True) while the codec works on its neighbours.  The all-to-alls and
+all-gathers are fp4quant.comm.exchange's (on gloo: every receive posted before any send).  ``call.rec`` (a
 counters.Recorder) counts the bytes each rank sends: (W-1) of its W messages in an
 all-to-all or an all-gather, and the W-1 wire steps of each (where the emulated cluster's
 dilation sleeps their latency); each codec op tells it the bytes the target's op moves
@@ -29,14 +30,12 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
-from . import plan
+from . import exchange, plan
 from .counters import Recorder
 from .dilation import TARGET_VALUE_BYTES as VB
 from .streams import CallStreams
 from .wire import Wire
 
-all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,7 @@ def _quantize_gather(src: torch.Tensor, call: Call):
             op.bytes_moved = VB * ch.numel + msg.numel()
         gathered = msg.new_empty(world * msg.numel()) if world > 1 else msg
         rec.bytes_sent += (world - 1) * msg.numel()
-        return (ch, gathered), call.issue(all_gather_flat, gathered, msg.view(-1))
+        return (ch, gathered), call.issue(exchange.all_gather, gathered, msg.view(-1))
 
     return quantize
 
@@ -129,7 +128,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
             op.bytes_moved = VB * world * S + msgs.numel()
         recv = torch.empty_like(msgs) if world > 1 else msgs
         rec.bytes_sent += (world - 1) * msgs.shape[1]
-        return (ch, S, recv), call.issue(dist.all_to_all_single, recv, msgs)
+        return (ch, S, recv), call.issue(exchange.all_to_all, recv, msgs)
 
     def reduce(state):
         ch, S, recv = state
@@ -139,7 +138,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
             op.bytes_moved = recv.numel() + shard.numel()
         gathered = shard.new_empty(world * shard.numel()) if world > 1 else shard
         rec.bytes_sent += (world - 1) * shard.numel()
-        return (ch, S, gathered), call.issue(all_gather_flat, gathered, shard)
+        return (ch, S, gathered), call.issue(exchange.all_gather, gathered, shard)
 
     def finish(state):
         ch, S, gathered = state
@@ -196,7 +195,7 @@ def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
             op.bytes_moved = VB * rows.numel() + msgs.numel()
         recv = torch.empty_like(msgs) if world > 1 else msgs
         rec.bytes_sent += (world - 1) * msgs.shape[1]
-        return (ch, recv), call.issue(dist.all_to_all_single, recv, msgs)
+        return (ch, recv), call.issue(exchange.all_to_all, recv, msgs)
 
     def finish(state):
         ch, recv = state

@@ -18,13 +18,15 @@ import torch
 import torch.distributed as dist
 
 from ..format.config import QuantConfig
-from . import algorithms, auto, plan
+from . import algorithms, auto, exchange, plan
 from . import validate as vd
-from .algorithms import Call, all_gather_flat, reduce_scatter_flat
+from .algorithms import Call
 from .counters import Recorder
 from .dilation import Dilation
 from .streams import CallStreams, RandomStreams
 from .wire import Wire
+
+reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 # all_reduce pipelines chunks by default (chunk_bytes="auto", see plan.default_chunk_bytes);
 # all_gather and reduce_scatter do not (unmeasured), unless asked.
@@ -234,8 +236,10 @@ def _shard_collective(input: torch.Tensor, output: torch.Tensor, setup: _Setup, 
             rec.bytes_sent = rec.bytes_uncompressed
             with rec.comm():
                 rec.wire(world - 1)
-                plain = all_gather_flat if gathers else reduce_scatter_flat
-                _quiet(plain, flat, src, group=setup.group)
+                if gathers:  # copies: torch's bits, full duplex on gloo (fp4quant.comm.exchange)
+                    exchange.all_gather(flat, src, group=setup.group)
+                else:
+                    _quiet(reduce_scatter_flat, flat, src, group=setup.group)
         elif gathers:
             algorithms.gather(src, flat.view(world, n), setup.call(rec, input, n))
         else:

@@ -13,9 +13,11 @@ Nothing is fitted to the all-reduces.  Each algorithm's seconds:
 uncompressed   gloo's ring all_reduce: its sent bytes at the all_reduce rate measured at
                that size, plus 2 (W-1) latencies
 two-shot       the codec timers' seconds, plus the all-to-all phase's bytes at the
-               all_to_all_single rate and the all-gather phase's at the all_gather rate
-               (each measured at the phase's size: gloo moves one large transfer at about half
-               the rate of its ring), plus 2 (W-1) latencies; one after another
+               exchange_all_to_all rate and the all-gather phase's at the exchange_all_gather
+               rate (each measured at the phase's size; the exchanges of fp4quant.comm.exchange
+               the algorithm uses; transfer benchmarks from before them: torch's
+               all_to_all_single and all_gather_into_tensor, which the algorithm used then),
+               plus 2 (W-1) latencies; one after another
 chunked        pipelined (fp4quant.comm.algorithms: a chunk's collective is in flight while
                the codec works on its neighbours), so the host's work -- the codec and the
                2 (W-1) latencies each chunk sleeps before it issues -- runs beside the wire,
@@ -61,6 +63,13 @@ def rate_at(transfers: pd.DataFrame, primitive: str, sent_bytes: float) -> float
     return float(rates[i - 1] + w * (rates[i] - rates[i - 1]))
 
 
+def phase_primitives(transfers: pd.DataFrame) -> tuple[str, str]:
+    """The primitives of two-shot's all-to-all and all-gather phases in ``transfers``."""
+    if {"exchange_all_to_all", "exchange_all_gather"} <= set(transfers.primitive):
+        return ("exchange_all_to_all", "exchange_all_gather")
+    return ("all_to_all_single", "all_gather_into_tensor")
+
+
 def predict(row: pd.Series, transfers: pd.DataFrame, world: int, latency_s: float) -> dict:
     """Predicted seconds of one all-reduce (a collective benchmark row) and its components."""
     steps = 2 * (world - 1)  # wire steps of an all-reduce, each sleeping the dilated latency
@@ -74,7 +83,7 @@ def predict(row: pd.Series, transfers: pd.DataFrame, world: int, latency_s: floa
     chunks = max(1, math.ceil(row.size_bytes / row.chunk_bytes)) if pd.notna(row.chunk_bytes) and row.chunk_bytes else 1
     phase = row.wire_bytes / 2  # the all-to-all's and the all-gather's: (W-1) rows of the message each
     if chunks == 1:
-        wire = phase / rate_at(transfers, "all_to_all_single", phase) + phase / rate_at(transfers, "all_gather_into_tensor", phase)
+        wire = sum(phase / rate_at(transfers, p, phase) for p in phase_primitives(transfers))
         return {"codec_s": codec, "wire_s": wire, "latency_s": steps * latency_s, "chunks": 1,
                 "predicted_s": codec + wire + steps * latency_s}
     wire = row.wire_bytes / rate_at(transfers, "all_reduce", row.wire_bytes)

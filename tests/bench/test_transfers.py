@@ -17,8 +17,9 @@ def test_transfers_time_every_primitive_at_every_size(tmp_path):
     launch("transfers", [sys.executable, "-m", "fp4quant.bench.transfers", "--sizes", "4096", "65536",
                          "--iters", "2", "--out", str(out)], 2, tmp_path, 120, None)
     df = pd.read_csv(out)
-    assert set(df.primitive) == {"all_reduce", "all_to_all_single", "all_gather_into_tensor", "isend_irecv"}
-    assert set(df.size_bytes) == {4096, 65536} and len(df) == 8
+    assert set(df.primitive) == {"all_reduce", "exchange_all_to_all", "exchange_all_gather", "all_to_all_single",
+                                 "all_gather_into_tensor", "isend_irecv"}
+    assert set(df.size_bytes) == {4096, 65536} and len(df) == 12
     assert (df.sent_bytes == df.size_bytes).all()  # sizes that split evenly are sent as asked
     assert (df.latency_min_s <= df.latency_s).all() and (df.latency_s <= df.latency_max_s).all()
     assert df.MBps_per_rank.to_numpy() == pytest.approx((df.sent_bytes / df.latency_s / 1e6).to_numpy())

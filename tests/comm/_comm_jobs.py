@@ -447,6 +447,38 @@ def check_gather_scatter() -> dict:
     return out
 
 
+def check_exchange() -> dict:
+    """fp4quant.comm.exchange against torch's collectives, on the default group and on a
+    subgroup (group ranks are not global ranks), two exchanges in flight at once."""
+    from fp4quant.comm import exchange
+
+    out = {}
+    groups = [("world", None, list(range(C.world)))]
+    if C.world > 2:
+        groups.append(("tail", dist.new_group(list(range(1, C.world))), list(range(1, C.world))))
+    for name, g, members in groups:
+        if C.rank not in members:
+            continue
+        W = len(members)
+        gen = torch.Generator().manual_seed(1000 + C.rank)
+        send = torch.randint(0, 256, (W, 1000 + 17 * W), generator=gen, dtype=torch.uint8).to(C.device)
+        shard = torch.randint(0, 256, (333,), generator=gen, dtype=torch.uint8).to(C.device)
+        recv, gathered = torch.empty_like(send), torch.empty(W * 333, dtype=torch.uint8, device=C.device)
+        w1 = exchange.all_to_all(recv, send, group=g, async_op=True)
+        w2 = exchange.all_gather(gathered, shard, group=g, async_op=True)
+        w1.wait()
+        w2.wait()
+        ref_recv, ref_gathered = torch.empty_like(send), torch.empty_like(gathered)
+        dist.all_to_all_single(ref_recv, send, group=g)
+        dist.all_gather_into_tensor(ref_gathered, shard, group=g)
+        sync_recv = torch.empty_like(send)
+        returned = exchange.all_to_all(sync_recv, send, group=g)
+        out[name] = {"all_to_all": torch.equal(recv, ref_recv), "all_gather": torch.equal(gathered, ref_gathered),
+                     "sync": torch.equal(sync_recv, ref_recv) and returned is None,
+                     "point_to_point": isinstance(w1, exchange.Transfers) and isinstance(w2, exchange.Transfers)}
+    return out
+
+
 CHECKS = {name[6:]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 

@@ -241,6 +241,16 @@ def test_all_gather_and_reduce_scatter(suite):
                 assert v["all_gather_exact"] and v["reduce_scatter_exact"] and v["reduce_scatter_avg"], (key, v)
 
 
+def test_exchanges_match_torch_collectives(suite):
+    if len(suite) == 1:
+        pytest.skip("needs two ranks")
+    for rank, rec in enumerate(on_all(suite, "exchange")):
+        assert rec, rank
+        for name, v in rec.items():
+            # on gloo every exchange is receive-first point-to-point (fp4quant.comm.exchange)
+            assert v == {"all_to_all": True, "all_gather": True, "sync": True, "point_to_point": True}, (rank, name, v)
+
+
 @pytest.mark.cuda
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("cuda_machine")
@@ -255,4 +265,6 @@ def test_nccl_suite():
         for preset in COMPRESSED:
             assert r["errors"][f"{preset}/one_shot"]["nmse"] < 1.15 * EPS[preset]
         assert all(v["equal_torch"] for v in r["uncompressed"].values())
+        # NCCL's own collectives: full duplex already
+        assert all(v["all_to_all"] and v["all_gather"] and not v["point_to_point"] for v in r["exchange"].values())
     assert math.isfinite(results[0]["errors"]["fp4quant/two_shot"]["nmse"])

@@ -63,6 +63,16 @@ def test_each_algorithm_is_its_components_summed_as_the_module_says():
         assert r["ratio_rel_error"] == pytest.approx(r["speedup_predicted"] / r["speedup_measured"] - 1)
 
 
+def test_two_shot_phases_take_the_exchanges_rates_where_the_benchmark_has_them():
+    exchanges = pd.DataFrame([{"primitive": p, "sent_bytes": s, "MBps_per_rank": 6.5}
+                              for p in ("exchange_all_to_all", "exchange_all_gather") for s in (1e5, 1e8)])
+    transfers = pd.concat([TRANSFERS, exchanges])
+    assert allreduce.phase_primitives(transfers) == ("exchange_all_to_all", "exchange_all_gather")
+    assert allreduce.phase_primitives(TRANSFERS) == ("all_to_all_single", "all_gather_into_tensor")
+    rows = {r["series"]: r for r in allreduce.prediction_rows(COLLECTIVES, transfers, RECORD, 64 << 20)}
+    assert rows["fp4quant/two_shot"]["predicted_s"] == pytest.approx(0.5 + 2 * 1e7 / (6.5 * MB) + 2 * 0.05)
+
+
 def test_a_shaped_latency_is_not_added_twice():
     rows = allreduce.prediction_rows(COLLECTIVES, TRANSFERS, {**RECORD, "latency_shaped": True}, 64 << 20)
     assert all(r["latency_s"] == 0.0 for r in rows)

@@ -64,7 +64,7 @@ rule cluster_transfers:
         "({params.run} --calibration {input.cal} --record {output.record} -- -m fp4quant.bench.transfers"
         " --out {output.ring} --iters 5 --sizes {params.ring} --primitives all_reduce"
         " && {params.run} --calibration {input.cal} -- -m fp4quant.bench.transfers --out {output.phases} --iters 5"
-        " --sizes {params.phases} --primitives all_to_all_single all_gather_into_tensor) > {log} 2>&1"
+        " --sizes {params.phases} --primitives exchange_all_to_all exchange_all_gather) > {log} 2>&1"
 
 
 rule allreduce_prediction:
