@@ -11,8 +11,8 @@ its chunks).  On a shaped link the primitives need not reach the same rate: this
 of them, beside torch's ``all_to_all_single`` and ``all_gather_into_tensor`` and a concurrent
 ``isend`` / ``irecv`` pair to every peer posted sends first (on gloo these let the two
 directions of the link take turns: see fp4quant.comm.exchange), at sizes given as the bytes
-each rank sends, and reports the rate per rank (sent bytes / seconds).  Each timed call follows a barrier; the
-slowest rank's time counts.
+each rank sends, and reports the rate per rank (sent bytes / seconds).  Each timed call
+follows a barrier; the slowest rank's time counts.
 
 Rows: primitive, size_bytes (asked), sent_bytes (what each rank sends), iters, latency_s (median) with min and max,
 MBps_per_rank (sent bytes / median seconds), world_size, backend, provenance.  Rank 0
@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ..comm import exchange as comm_exchange
+from ..comm import exchange
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
 
 SIZES = (65536, 262144, 1 << 20, 4 << 20)
@@ -38,7 +38,7 @@ PRIMITIVES = ("all_reduce", "exchange_all_to_all", "exchange_all_gather", "all_t
               "all_gather_into_tensor", "isend_irecv")
 
 
-def exchange(primitive: str, sent_bytes: int, rank: int, world: int) -> tuple[Callable[[], None], int]:
+def primitive_call(primitive: str, sent_bytes: int, rank: int, world: int) -> tuple[Callable[[], None], int]:
     """A call of ``primitive`` in which each rank sends about ``sent_bytes`` over the group, and
     the bytes it does send (an even count per peer; the ring's share of whole BF16 values)."""
     per_peer = max(2, sent_bytes // max(world - 1, 1) // 2 * 2)
@@ -49,12 +49,12 @@ def exchange(primitive: str, sent_bytes: int, rank: int, world: int) -> tuple[Ca
     if primitive in ("exchange_all_to_all", "all_to_all_single"):  # W chunks, W-1 of them leave
         src = torch.zeros(world * per_peer, dtype=torch.uint8)
         dst = torch.empty_like(src)
-        fn = comm_exchange.all_to_all if primitive == "exchange_all_to_all" else dist.all_to_all_single
+        fn = exchange.all_to_all if primitive == "exchange_all_to_all" else dist.all_to_all_single
         return (lambda: fn(dst, src)), (world - 1) * per_peer
     if primitive in ("exchange_all_gather", "all_gather_into_tensor"):  # the shard goes to each of W-1 peers
         shard = torch.zeros(per_peer, dtype=torch.uint8)
         out = torch.empty(world * per_peer, dtype=torch.uint8)
-        fn = comm_exchange.all_gather if primitive == "exchange_all_gather" else dist.all_gather_into_tensor
+        fn = exchange.all_gather if primitive == "exchange_all_gather" else dist.all_gather_into_tensor
         return (lambda: fn(out, shard)), (world - 1) * per_peer
     if primitive == "isend_irecv":  # every pair at once, sends posted first, both before waiting
         src = torch.zeros(world * per_peer, dtype=torch.uint8)
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     rows = []
     for size in a.sizes:
         for primitive in a.primitives:
-            fn, sent = exchange(primitive, size, rank, world)
+            fn, sent = primitive_call(primitive, size, rank, world)
             times = time_calls(fn, a.iters)
             median = statistics.median(times)
             rows.append({"primitive": primitive, "size_bytes": size, "sent_bytes": sent, "iters": a.iters,

@@ -10,12 +10,13 @@ scatter     (reduce-scatter) quantize_rows(W, n) -> all-to-all -> dequantize_red
 Each takes its tensors and one ``Call`` (group, world, rank, wire, streams, recorder,
 chunking, overlap), built once per collective by fp4quant.comm.collectives.  Each works
 chunk by chunk (fp4quant.comm.plan.chunks); with more than one chunk the collective of
-chunk k runs (async_op=True) while the codec works on its neighbours.  The all-to-alls and
-all-gathers are fp4quant.comm.exchange's (on gloo: every receive posted before any send).  ``call.rec`` (a
-counters.Recorder) counts the bytes each rank sends: (W-1) of its W messages in an
-all-to-all or an all-gather, and the W-1 wire steps of each (where the emulated cluster's
-dilation sleeps their latency); each codec op tells it the bytes the target's op moves
-(values at dilation.TARGET_VALUE_BYTES, messages at their own size): its codec stretch.
+chunk k runs (async_op=True) while the codec works on its neighbours.  The all-to-alls
+and all-gathers are fp4quant.comm.exchange's (on gloo: every receive posted before any
+send).  ``call.rec`` (a counters.Recorder) counts the bytes each rank sends: (W-1) of its W
+messages in an all-to-all or an all-gather, and the W-1 wire steps of each (where the
+emulated cluster's dilation sleeps their latency); each codec op tells it the bytes the
+target's op moves (values at dilation.TARGET_VALUE_BYTES, messages at their own size): its
+codec stretch.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from .counters import Recorder
 from .dilation import TARGET_VALUE_BYTES as VB
 from .streams import CallStreams
 from .wire import Wire
-
 
 
 @dataclass(frozen=True)

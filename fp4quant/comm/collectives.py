@@ -236,9 +236,9 @@ def _shard_collective(input: torch.Tensor, output: torch.Tensor, setup: _Setup, 
             rec.bytes_sent = rec.bytes_uncompressed
             with rec.comm():
                 rec.wire(world - 1)
-                if gathers:  # copies: torch's bits, full duplex on gloo (fp4quant.comm.exchange)
+                if gathers:  # bit-identical to torch's all-gather; receive-first on gloo
                     exchange.all_gather(flat, src, group=setup.group)
-                else:
+                else:  # torch's (gloo: a ring all-reduce of the whole input, 2x the bytes counted)
                     _quiet(reduce_scatter_flat, flat, src, group=setup.group)
         elif gathers:
             algorithms.gather(src, flat.view(world, n), setup.call(rec, input, n))

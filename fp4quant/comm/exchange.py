@@ -1,20 +1,22 @@
 """The two message exchanges of the compressed collectives: all-to-all and all-gather of
-equal byte rows, asynchronous, with the signature of torch's collectives.
+equal rows, asynchronous, with the signature of torch's collectives.
 
     work = exchange.all_to_all(recv, send, group=g, async_op=True)   # row p of send -> rank p
     work = exchange.all_gather(out, shard, group=g, async_op=True)   # shard -> row p of out
     work.wait()
 
-On gloo they are point-to-point transfers with every receive posted before any send;
-elsewhere (NCCL) torch's own collectives.  Why: gloo's TCP transport announces a posted
-receive to the peer in the same stream as its outgoing data, and a sender waits for that
-announcement.  A rank that sends before it receives (gloo's all_to_all_single and
-all_gather_into_tensor can) queues the announcement behind its data, so its peer starts
-sending only once all of that data has arrived: the two directions of a full-duplex link
-take turns.  On the emulated link (60 Mbit/s, 2 MiB each way, 8 calls) torch's
+On gloo (host tensors) they are point-to-point transfers with every receive posted before
+any send; elsewhere (NCCL) torch's own collectives.  Why: gloo's TCP transport sends data
+only once the peer has announced the matching receive, and announces a receive in the same
+first-in-first-out stream as its outgoing data.  A rank that sends before it receives (as
+gloo's all-to-all and all-gather do) queues its announcement behind its data, so its peer
+starts sending only once all of that data has arrived: the two directions of a full-duplex
+link take turns.  On the emulated link (60 Mbit/s, 2 MiB each way, 8 calls) torch's
 all_to_all_single took 0.58-0.60 s, the same transfers with the receives posted first
 0.30-0.40 s (`python -m fp4quant.bench.transfers` under the cluster runner compares them).
-A target's NCCL over InfiniBand is full duplex, so the emulation must be too.
+A target's NCCL over InfiniBand is full duplex, so the emulation must be too.  With two
+exchanges in flight between a pair (the chunked pipeline), the second's announcements wait
+behind the first's data: a gap of a round trip, not turns.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# the point-to-point tag of the exchanges' transfers: matched in the order posted, which
-# the collectives keep the same on every rank
+# The tag of the exchanges' transfers (0x4650: "FP"); no other point-to-point traffic on the
+# group may use it.  Transfers with one tag match in the order posted, which the collectives
+# keep the same on every rank.
 TAG = 0x4650
 
 
@@ -41,65 +44,74 @@ class Transfers:
             w.wait()
         return True
 
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self.works)
 
-
-def point_to_point(group: Any, tensor: torch.Tensor) -> bool:
+def receives_first(group: Any, tensor: torch.Tensor) -> bool:
     """Whether an exchange of ``tensor`` on ``group`` runs as receive-first transfers: host
     tensors on a group with gloo."""
     return tensor.device.type == "cpu" and "gloo" in str(dist.get_backend(group))
 
 
-def _global(group: Any, rank: int) -> int:
+def _global_rank(group: Any, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
-def _transfers(recv_rows: torch.Tensor, send_row, group: Any) -> Transfers:
-    """Row p of ``recv_rows`` from group rank p, ``send_row(p)`` to rank p: receives first."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    peers = [(rank + k) % world for k in range(1, world)]  # each rank sends to a different peer first
-    works = [dist.irecv(recv_rows[(rank - k) % world], _global(group, (rank - k) % world), group=group, tag=TAG)
-             for k in range(1, world)]
-    works += [dist.isend(send_row(p), _global(group, p), group=group, tag=TAG) for p in peers]
-    recv_rows[rank].copy_(send_row(rank))
-    return Transfers(works)
+def _check(name: str, dst: torch.Tensor, src: torch.Tensor, dst_numel: int, world: int) -> None:
+    """One line naming the first thing wrong with an exchange's tensors."""
+    if world < 1:
+        raise ValueError(f"{name}: this rank is not a member of the group")
+    if src.dim() == 0:
+        raise ValueError(f"{name}: the input must have at least one dimension, got a scalar")
+    if dst.device != src.device:
+        raise ValueError(f"{name}: output on {dst.device} but input on {src.device}")
+    if dst.dtype != src.dtype:
+        raise ValueError(f"{name}: output dtype {dst.dtype} but input dtype {src.dtype}")
+    if dst.numel() != dst_numel:
+        raise ValueError(f"{name}: output holds {dst.numel()} values, expected {dst_numel} "
+                         f"(input {tuple(src.shape)})")
+    if not dst.is_contiguous():
+        raise ValueError(f"{name}: the output must be contiguous")
+
+
+def _transfers(recv_rows: torch.Tensor, send_rows: torch.Tensor, group: Any, async_op: bool):
+    """Row p of ``recv_rows`` from group rank p and row p of ``send_rows`` to it (both (W, n)):
+    every receive posted, then every send; each rank sends to a different peer first."""
+    world, rank = recv_rows.shape[0], dist.get_rank(group)
+    sources = [(rank - k) % world for k in range(1, world)]
+    targets = [(rank + k) % world for k in range(1, world)]
+    works = [dist.irecv(recv_rows[p], _global_rank(group, p), group=group, tag=TAG) for p in sources]
+    works += [dist.isend(send_rows[p], _global_rank(group, p), group=group, tag=TAG) for p in targets]
+    recv_rows[rank].copy_(send_rows[rank])
+    work = Transfers(works)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def _torch_collective(fn, *args: Any, group: Any, async_op: bool):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the deprecated spelling of older torch
+        return fn(*args, group=group, async_op=async_op)
 
 
 def all_to_all(recv: torch.Tensor, send: torch.Tensor, group: Any = None, async_op: bool = False):
-    """``torch.distributed.all_to_all_single(recv, send)`` with equal splits: W rows of
-    ``send`` (dim 0 split in W), row p to rank p; row p of ``recv`` from rank p."""
+    """``torch.distributed.all_to_all_single(recv, send)`` with equal splits: ``send``'s
+    dim 0 split in W rows, row p to rank p; row p of ``recv`` from rank p."""
     world = dist.get_world_size(group)
-    if recv.shape != send.shape or recv.dtype != send.dtype or send.shape[0] % world:
-        raise ValueError(f"all_to_all: recv {tuple(recv.shape)} {recv.dtype} and send {tuple(send.shape)} "
-                         f"{send.dtype} must match, dim 0 a multiple of the world size {world}")
-    if not point_to_point(group, send):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            return dist.all_to_all_single(recv, send, group=group, async_op=async_op)
-    send_rows, recv_rows = send.reshape(world, -1), recv.view(world, -1)
-    work = _transfers(recv_rows, lambda p: send_rows[p], group)
-    if async_op:
-        return work
-    work.wait()
-    return None
+    _check("all_to_all", recv, send, send.numel(), world)
+    if send.shape[0] % world:
+        raise ValueError(f"all_to_all: input dim 0 ({send.shape[0]}) is not a multiple of the world size {world}")
+    if not receives_first(group, send):
+        return _torch_collective(dist.all_to_all_single, recv, send, group=group, async_op=async_op)
+    return _transfers(recv.view(world, -1), send.reshape(world, -1), group, async_op)
 
 
 def all_gather(out: torch.Tensor, shard: torch.Tensor, group: Any = None, async_op: bool = False):
-    """``torch.distributed.all_gather_into_tensor(out, shard)``: ``out`` holds W copies'
-    worth of values, row p rank p's ``shard``."""
+    """``torch.distributed.all_gather_into_tensor(out, shard)``: ``out`` holds W x
+    ``shard.numel()`` values, row p rank p's ``shard``."""
     world = dist.get_world_size(group)
-    if out.numel() != world * shard.numel() or out.dtype != shard.dtype:
-        raise ValueError(f"all_gather: out {tuple(out.shape)} {out.dtype} must hold {world} x shard "
-                         f"{tuple(shard.shape)} {shard.dtype}")
-    if not point_to_point(group, shard):
+    _check("all_gather", out, shard, world * shard.numel(), world)
+    if not receives_first(group, shard):
         flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            return flat(out, shard, group=group, async_op=async_op)
-    src = shard.reshape(-1)
-    work = _transfers(out.view(world, -1), lambda p: src, group)
-    if async_op:
-        return work
-    work.wait()
-    return None
+        return _torch_collective(flat, out, shard, group=group, async_op=async_op)
+    return _transfers(out.view(world, -1), shard.reshape(1, -1).expand(world, -1), group, async_op)

@@ -15,9 +15,9 @@ uncompressed   gloo's ring all_reduce: its sent bytes at the all_reduce rate mea
 two-shot       the codec timers' seconds, plus the all-to-all phase's bytes at the
                exchange_all_to_all rate and the all-gather phase's at the exchange_all_gather
                rate (each measured at the phase's size; the exchanges of fp4quant.comm.exchange
-               the algorithm uses; transfer benchmarks from before them: torch's
-               all_to_all_single and all_gather_into_tensor, which the algorithm used then),
-               plus 2 (W-1) latencies; one after another
+               the algorithm uses; a benchmark from before 122867b has only torch's
+               all_to_all_single and all_gather_into_tensor, which two-shot used then: the
+               row's phase_primitives says which), plus 2 (W-1) latencies; one after another
 chunked        pipelined (fp4quant.comm.algorithms: a chunk's collective is in flight while
                the codec works on its neighbours), so the host's work -- the codec and the
                2 (W-1) latencies each chunk sleeps before it issues -- runs beside the wire,
@@ -25,7 +25,8 @@ chunked        pipelined (fp4quant.comm.algorithms: a chunk's collective is in f
                ring all_reduce's at the message's size); the longer of the two, plus one
                chunk's host work to fill and drain the pipeline
 
-Rows: algorithm, measured_s (median; min and max), predicted_s, the components, the
+Rows: algorithm, measured_s (median; min and max), predicted_s, the components (and
+phase_primitives: the transfer benchmark's rows whose rates the wire took), the
 speedup over uncompressed measured and predicted, and ratio_rel_error (predicted /
 measured - 1): the issue's check of the emulation (within 15% at 64 MiB).
 """
@@ -76,20 +77,21 @@ def predict(row: pd.Series, transfers: pd.DataFrame, world: int, latency_s: floa
     if row.algorithm == "uncompressed":
         wire = row.wire_bytes / rate_at(transfers, "all_reduce", row.wire_bytes)
         return {"codec_s": 0.0, "wire_s": wire, "latency_s": steps * latency_s, "chunks": 1,
-                "predicted_s": wire + steps * latency_s}
+                "predicted_s": wire + steps * latency_s, "phase_primitives": "all_reduce"}
     if row.algorithm != "two_shot":
         raise PredictionError(f"no prediction for algorithm {row.algorithm!r} (uncompressed and two_shot only)")
     codec = float(row.codec_s_rank0)
     chunks = max(1, math.ceil(row.size_bytes / row.chunk_bytes)) if pd.notna(row.chunk_bytes) and row.chunk_bytes else 1
     phase = row.wire_bytes / 2  # the all-to-all's and the all-gather's: (W-1) rows of the message each
     if chunks == 1:
-        wire = sum(phase / rate_at(transfers, p, phase) for p in phase_primitives(transfers))
+        used = phase_primitives(transfers)
+        wire = sum(phase / rate_at(transfers, p, phase) for p in used)
         return {"codec_s": codec, "wire_s": wire, "latency_s": steps * latency_s, "chunks": 1,
-                "predicted_s": codec + wire + steps * latency_s}
+                "predicted_s": codec + wire + steps * latency_s, "phase_primitives": " ".join(used)}
     wire = row.wire_bytes / rate_at(transfers, "all_reduce", row.wire_bytes)
     host = codec + chunks * steps * latency_s
     return {"codec_s": codec, "wire_s": wire, "latency_s": chunks * steps * latency_s, "chunks": chunks,
-            "predicted_s": max(host, wire) + host / chunks}
+            "predicted_s": max(host, wire) + host / chunks, "phase_primitives": "all_reduce"}
 
 
 def prediction_rows(collectives: pd.DataFrame, transfers: pd.DataFrame, record: dict, size: int) -> list[dict]:

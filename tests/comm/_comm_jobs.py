@@ -476,6 +476,16 @@ def check_exchange() -> dict:
         out[name] = {"all_to_all": torch.equal(recv, ref_recv), "all_gather": torch.equal(gathered, ref_gathered),
                      "sync": torch.equal(sync_recv, ref_recv) and returned is None,
                      "point_to_point": isinstance(w1, exchange.Transfers) and isinstance(w2, exchange.Transfers)}
+    # bad input: one line naming the problem, raised before anything is sent (every rank alike)
+    u8 = torch.zeros(2 * C.world, dtype=torch.uint8, device=C.device)
+    out["errors"] = {
+        "scalar": raised(lambda: exchange.all_to_all(u8[:1].view(()), u8[:1].view(()))),
+        "dtype": raised(lambda: exchange.all_to_all(u8.float(), u8)),
+        "numel": raised(lambda: exchange.all_gather(u8, u8)),
+        "noncontiguous": raised(lambda: exchange.all_gather(torch.zeros(2, C.world, dtype=torch.uint8,
+                                                                        device=C.device).t(), u8[:2])),
+        "rows": raised(lambda: exchange.all_to_all(u8[:1].clone(), u8[:1])) if C.world > 1 else None,
+    }
     return out
 
 

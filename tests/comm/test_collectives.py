@@ -246,9 +246,15 @@ def test_exchanges_match_torch_collectives(suite):
         pytest.skip("needs two ranks")
     for rank, rec in enumerate(on_all(suite, "exchange")):
         assert rec, rank
+        errors = rec.pop("errors")
         for name, v in rec.items():
             # on gloo every exchange is receive-first point-to-point (fp4quant.comm.exchange)
             assert v == {"all_to_all": True, "all_gather": True, "sync": True, "point_to_point": True}, (rank, name, v)
+        expected = {"scalar": "at least one dimension", "dtype": "output dtype torch.float32 but input dtype torch.uint8",
+                    "numel": "output holds", "noncontiguous": "must be contiguous", "rows": "not a multiple of the world size"}
+        for case, words in expected.items():
+            err = errors[case]
+            assert err and err["type"] == "ValueError" and words in err["msg"] and "\n" not in err["msg"], (case, err)
 
 
 @pytest.mark.cuda
@@ -266,5 +272,6 @@ def test_nccl_suite():
             assert r["errors"][f"{preset}/one_shot"]["nmse"] < 1.15 * EPS[preset]
         assert all(v["equal_torch"] for v in r["uncompressed"].values())
         # NCCL's own collectives: full duplex already
-        assert all(v["all_to_all"] and v["all_gather"] and not v["point_to_point"] for v in r["exchange"].values())
+        assert all(v["all_to_all"] and v["all_gather"] and not v["point_to_point"]
+                   for k, v in r["exchange"].items() if k != "errors")
     assert math.isfinite(results[0]["errors"]["fp4quant/two_shot"]["nmse"])

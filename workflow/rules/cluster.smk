@@ -42,8 +42,8 @@ rule cluster_collectives:
         " --presets fp4quant --algorithms two_shot --no-chunk-sweep --iters 20 --min-iters 5 --budget-mib 64 > {log} 2>&1"
 
 
-# The link alone (nothing dilated) on the same calibrated link: each gloo primitive's rate by
-# size, from which fp4quant.perfmodel.allreduce predicts the emulated all-reduce's speedup at
+# The link alone (nothing dilated) on the same calibrated link: the rate by size of gloo's ring
+# all_reduce and of the compressed collectives' exchanges (fp4quant.comm.exchange), from which fp4quant.perfmodel.allreduce predicts the emulated all-reduce's speedup at
 # the largest collective size (at 64 MiB its BF16 ring sends 64 MiB a rank, its two-shot
 # phases 9.5 MB, or 0.6 MB a chunk).
 rule cluster_transfers:
