@@ -56,7 +56,13 @@ def network_of_record(record: str | Path | None) -> str:
     c = json.loads(Path(record).read_text())
     if not c["emulated"]:
         return f"loopback (emulated cluster unavailable: {c['reason']})"
-    latency = f", {c['link_latency_ms']:.0f} ms" if c.get("latency_shaped") else ", latency not shaped"
+    injected = (c.get("dilation") or {}).get("latency_injected_s")
+    if c.get("latency_shaped"):
+        latency = f", {c['link_latency_ms']:.0f} ms"
+    elif injected:  # slept per wire step by the collectives (the kernel has no netem)
+        latency = f", {injected * 1e3:.0f} ms latency injected per wire step"
+    else:
+        latency = ", latency not shaped"
     return f"emulated {c['nodes']} nodes, {c['link_rate_mbit']:.0f} Mbit/s links{latency}"
 
 

@@ -44,6 +44,10 @@ def test_breakdown_parts_sum_to_the_step_and_skip_the_first_steps(tmp_path):
     assert fp4["quantize"] == pytest.approx(0.002) and fp4["dequantize"] == pytest.approx(0.004)
     assert fp4["wire"] == pytest.approx(0.04)
     assert df.network.iloc[0] == "emulated 2 nodes, 60 Mbit/s links, latency not shaped"
+    record = tmp_path / "dilated.json"  # fully dilated: the latency is slept, and the label says so
+    record.write_text(json.dumps({"emulated": True, "nodes": 2, "link_rate_mbit": 50.3, "latency_shaped": False,
+                                  "dilation": {"latency_injected_s": 0.0795}}))
+    assert collect.network_of_record(record) == "emulated 2 nodes, 50 Mbit/s links, 80 ms latency injected per wire step"
     old = make_run(tmp_path / "old", "fp4quant", split=False)  # written before the split: no rows
     assert len(collect.breakdown([old], "cpu", warmup=2)) == 0
     out = tmp_path / "breakdown.pdf"
