@@ -33,6 +33,7 @@ import torch.distributed as dist
 from .. import ops
 from ..format.config import QuantConfig
 from ..models import ModelConfig, Qwen2ForCausalLM
+from ..comm import exchange
 from ..comm.dilation import TARGET_VALUE_BYTES
 from ..comm.plan import shard_values
 from ..parallel import CommConfig, TPCommunicator
@@ -73,14 +74,35 @@ class CollectiveGaps:
     (the reduce-scatter's wait), dequantize-reduce, the other half, dequantize.  So each op
     meets its data as a run's does: just computed, or after a wait.  ``codec_s`` sums each
     direction's seconds per op (``codec_calls`` its calls); the step's time leaves them out
-    (``codec_total_s``)."""
+    (``codec_total_s``).
+
+    ``latency_bytes`` (needs a process group of ``world`` ranks running the same steps): each
+    wait ends in a real transfer of that many bytes per rank over the default group, with the
+    primitive the run uses there: an all-reduce of BF16 where the run sends BF16, and where
+    it compresses, the two-shot's exchanges (fp4quant.comm.exchange: its all-to-all after
+    the first half, its all-gather after the second).  A message that small rides on the
+    link's burst, so its time is the latency a run's all-reduces meet after compute: wake-up
+    and a round trip included, which back-to-back all-reduces after a barrier under-count
+    (0.6-1.3 ms a wire step on the 120 Mbit/s link, against 1.3-1.5 ms in the runs).
+    ``transfer_s`` sums their seconds since ``reset`` and ``wire_steps`` the wire steps
+    they took (2 (W - 1) a wait); the step's time leaves them out."""
 
     OPS = ("quantize", "dequantize_reduce", "dequantize")
 
-    def __init__(self, net: Qwen2ForCausalLM, gap_s: float, codec: CommConfig | None = None, world: int = 1):
+    def __init__(self, net: Qwen2ForCausalLM, gap_s: float, codec: CommConfig | None = None, world: int = 1,
+                 latency_bytes: int = 0):
         if codec is not None and world < 2:
             raise ValueError(f"the codec of a two-shot all-reduce needs a world of at least 2, got {world}")
+        if latency_bytes and (world < 2 or latency_bytes < 2 * world):
+            raise ValueError(f"in-step transfers need a world of at least 2 and at least 2 bytes a rank, "
+                             f"got world {world} and {latency_bytes} bytes")
         self.gap_s, self.codec, self.world = gap_s, codec, world
+        self.latency_bytes = latency_bytes
+        if latency_bytes:
+            per_rank = latency_bytes // world
+            self._reduced = torch.zeros(latency_bytes // 2, dtype=torch.bfloat16)
+            self._send = torch.zeros(world, per_rank, dtype=torch.uint8)
+            self._recv = torch.empty_like(self._send)
         self.reset()
         blocks = [m for layer in net.model.layers for m in (layer.self_attn, layer.mlp)]
         self.handles = [m.register_forward_hook(self._forward) for m in (net.model.embed_tokens, *blocks)]
@@ -88,6 +110,7 @@ class CollectiveGaps:
 
     def reset(self) -> None:
         self.slept_s, self.naps = 0.0, 0
+        self.transfer_s, self.wire_steps = 0.0, 0
         self.codec_s = {d: dict.fromkeys(self.OPS, 0.0) for d in ("fwd", "bwd")}
         self.codec_calls = {"fwd": 0, "bwd": 0}
 
@@ -100,11 +123,28 @@ class CollectiveGaps:
         time.sleep(seconds)
         self.slept_s += time.perf_counter() - t
 
+    def _transfer(self, primitive: str) -> None:
+        """One small transfer with the peers (see the class doc); nothing without latency_bytes."""
+        if not self.latency_bytes:
+            return
+        t = time.perf_counter()
+        if primitive == "all_reduce":
+            dist.all_reduce(self._reduced)
+            self.wire_steps += 2 * (self.world - 1)
+        elif primitive == "all_to_all":
+            exchange.all_to_all(self._recv, self._send)
+            self.wire_steps += self.world - 1
+        else:
+            exchange.all_gather(self._recv, self._send[0])
+            self.wire_steps += self.world - 1
+        self.transfer_s += time.perf_counter() - t
+
     def _nap(self, direction: str, sent: torch.Tensor | None) -> None:
         self.naps += 1
         config = getattr(self.codec, direction) if self.codec is not None else None
         if config is None or not config.compressed or sent is None:
             self._sleep(self.gap_s)
+            self._transfer("all_reduce")
             return
         flat = sent.detach().reshape(-1)
         shard = shard_values(flat.numel(), self.world, config.block)
@@ -115,10 +155,12 @@ class CollectiveGaps:
         msgs = ops.quantize_rows(flat.view(self.world, shard), config, 1, 0)
         seconds["quantize"] += time.perf_counter() - t
         self._sleep(self.gap_s / 2)
+        self._transfer("all_to_all")
         t = time.perf_counter()
         reduced = ops.dequantize_reduce(msgs, shard, config, flat.dtype, requantize=True, seed=1, offset=0)
         seconds["dequantize_reduce"] += time.perf_counter() - t
         self._sleep(self.gap_s / 2)
+        self._transfer("all_gather")
         gathered = reduced.repeat(self.world).view(self.world, -1)  # stands for the shards the peers send
         t = time.perf_counter()
         ops.dequantize_rows(gathered, shard, config, flat.dtype, saturate=False)
@@ -139,7 +181,8 @@ class CollectiveGaps:
 def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps: int,
                       paced: bool = False, collective_gap_s: float = 0.0,
                       scalar_allreduce_s: list[float] | None = None,
-                      codec: CommConfig | None = None, codec_s: list[dict] | None = None) -> list[float]:
+                      codec: CommConfig | None = None, codec_s: list[dict] | None = None,
+                      latency_bytes: int = 0, transfers: list[dict] | None = None) -> list[float]:
     """Seconds of each of ``steps`` whole training steps (forward, backward, AdamW step) of one
     TP rank's shard, after a warm-up step (not returned); ``paced``: each after an idle gap as
     long as the previous step (as a run's compute between link waits); ``collective_gap_s``:
@@ -147,13 +190,15 @@ def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps:
     the times; ``scalar_allreduce_s`` (a list; needs a process group): the trainer's five
     scalar all-reduces run over the default group where it issues them (three after the LM
     head, the gradient norm and the non-finite check after the backward), each step's
-    seconds in them appended to it and left out of the step's time."""
+    seconds in them appended to it and left out of the step's time; ``latency_bytes`` and
+    ``transfers`` (a list; needs a process group of ``tp`` ranks): each gap ends in a small
+    real transfer (CollectiveGaps), each step's {"seconds", "wire_steps"} appended to it."""
     cfg = ModelConfig.preset(model)
     # One rank's shard of the model (built for a TP group of `tp`), then run as if alone:
     # at world 1 the mappings send nothing, so this times exactly a rank's compute.
     net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
     net.tp.world = 1
-    gaps = CollectiveGaps(net, collective_gap_s, codec, tp) if collective_gap_s > 0 else None
+    gaps = CollectiveGaps(net, collective_gap_s, codec, tp, latency_bytes) if collective_gap_s > 0 else None
     scalar = torch.zeros(1, dtype=torch.float64)
     in_scalar = [0.0]
 
@@ -181,12 +226,14 @@ def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps:
             scalar_allreduces(2)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        apart = gaps.slept_s + gaps.codec_total_s if gaps is not None else 0.0
+        apart = gaps.slept_s + gaps.codec_total_s + gaps.transfer_s if gaps is not None else 0.0
         times.append(time.perf_counter() - t0 - apart - in_scalar[0])
         if scalar_allreduce_s is not None and i > 0:
             scalar_allreduce_s.append(in_scalar[0])
         if codec_s is not None and gaps is not None and i > 0:
             codec_s.append({d: {**ops_, "calls": gaps.codec_calls[d]} for d, ops_ in gaps.codec_s.items()})
+        if transfers is not None and gaps is not None and i > 0:
+            transfers.append({"seconds": gaps.transfer_s, "wire_steps": gaps.wire_steps})
     return times[1:]
 
 

@@ -41,7 +41,13 @@ link     uncompressed all-reduces (BF16) for model.fit_link, at the sizes the ru
          message for the latency, the run's messages (BF16 and each preset's) and 2, 4 and 8
          times the largest (a shaped link's rate per byte drifts with the message size: 3.67
          MB/s at 128 KiB and 3.3 MB/s at 4 MiB on a 30 Mbit/s link, so a fit over megabyte
-         messages mispredicts the tiny model's 128 KiB all-reduces); --link-sizes overrides
+         messages mispredicts the tiny model's 128 KiB all-reduces); --link-sizes overrides.
+         The latency per wire step as a run meets it ("wire_step_latency_s" per comm, what
+         the model uses): each wait of the gapped steps ends in a small real transfer with
+         the run's primitive there (BF16: an all-reduce; compressed: the two-shot's
+         exchanges), the least over the ranks per step as the trainer counts communication
+         (calibrate.CollectiveGaps); after compute on both ranks it costs a wake-up and a
+         round trip, which the back-to-back small all-reduces after a barrier miss
 
 Rank 0 writes ``--out`` (JSON): medians, every rank's compute FLOP/s, raw link timings.
 """
@@ -189,6 +195,21 @@ def in_step_codec_rates(preset: str, per_rank: list[list[dict]], values: int, wo
     return out
 
 
+def in_step_latency(per_rank: list[list[dict]]) -> float | None:
+    """Seconds a wire step of the small transfers that end the gapped steps' waits took
+    (calibrate.CollectiveGaps with latency_bytes; ``per_rank``: each rank's steps, each
+    {"seconds", "wire_steps"}): per step the least over the ranks, as the trainer counts a
+    step's communication (the later rank's time is the link's, the earlier's also its wait
+    for the peer), summed over the steps, over their wire steps.  None without transfers."""
+    if not per_rank or not per_rank[0]:
+        return None
+    if len({len(steps) for steps in per_rank}) != 1:
+        raise ValueError(f"the ranks timed different numbers of steps: {[len(s) for s in per_rank]}")
+    least = [min(steps[i]["seconds"] for steps in per_rank) for i in range(len(per_rank[0]))]
+    wire_steps = sum(s["wire_steps"] for s in per_rank[0])
+    return sum(least) / wire_steps if wire_steps else None
+
+
 def link_timings(sizes: list[int], iters: int, budget_bytes: int, latency_iters: int = 100) -> list[dict]:
     """Median and mean (slowest rank's) seconds of uncompressed BF16 all-reduces of ``sizes``
     bytes; ``latency_iters`` of those no larger than LATENCY_MESSAGE_BYTES (their time is
@@ -264,19 +285,21 @@ def main(argv=None) -> int:
     gaps = collective_gaps(link, values, world, a.presets)
     dist.barrier()
     step_flops = cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world
-    gapped, scalar, in_step = {}, {}, {}
+    gapped, scalar, in_step, transfers = {}, {}, {}, {}
     for comm_name, gap in gaps.items():  # the run's compute cut by its all-reduces' waits (and codec)
-        scalar[comm_name], in_step[comm_name] = [], []
+        scalar[comm_name], in_step[comm_name], transfers[comm_name] = [], [], []
         codec_config = CommConfig.from_preset(comm_name) if QuantConfig.preset(comm_name).compressed and world > 1 else None
         gapped[comm_name] = rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps,
                                               collective_gap_s=gap, scalar_allreduce_s=scalar[comm_name],
-                                              codec=codec_config, codec_s=in_step[comm_name])
+                                              codec=codec_config, codec_s=in_step[comm_name],
+                                              latency_bytes=LATENCY_MESSAGE_BYTES if gap > 0 else 0,
+                                              transfers=transfers[comm_name])
         dist.barrier()
     hot = codec_rates(values, world, a.presets)
     codec = in_collective_rates(values, world, a.presets, hot, evict_mib=a.evict_mib)
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"gapped_s": gapped, "scalar_s": scalar, "continuous": continuous, "codec": codec, "hot": hot,
-                                      "in_step": in_step, "load": os.getloadavg()[0]})
+                                      "in_step": in_step, "transfers": transfers, "load": os.getloadavg()[0]})
     exact = exact_allreduce_s()
     if rank == 0:
         # the step waits for its slowest rank: the smallest codec rates
@@ -294,6 +317,9 @@ def main(argv=None) -> int:
             rates = in_step_codec_rates(c, [g["in_step"][c] for g in gathered], values, world)
             if rates:
                 entry["codec_values_per_s"] = rates
+            latency = in_step_latency([g["transfers"][c] for g in gathered])
+            if latency is not None:
+                entry["wire_step_latency_s"] = latency
         atomic_write_json(a.out, {
             "rank_flops": by_comm["bf16"]["rank_flops"], "skew_s": by_comm["bf16"]["skew_s"], "compute_by_comm": by_comm,
             "rank_flops_continuous": min(g["continuous"] for g in gathered), "load_average_1min": gathered[0]["load"],

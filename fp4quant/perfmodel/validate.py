@@ -24,8 +24,9 @@ of a rank while all compute, cut by idle gaps where the run's all-reduces are, a
 they take under the run's comm (the probe's compute_by_comm); the codec at the all-reduce's
 shapes and rounding, timed inside those steps where the run runs it (older probes: inside
 real compressed all-reduces); the link fitted to its all-reduces (model.fit_link: the slope of the
-medians; the latency from the smallest message, its mean over the probe's many where it
-rides on the burst) with the token bucket's depth from the record; the scalar all-reduces as the probe timed them inside its steps; the ranks'
+medians) with the token bucket's depth from the record, and its latency per wire step as
+the probe's in-step transfers met it under the run's comm (older probes: the smallest
+message's mean over the probe's many, where it rides on the burst); the scalar all-reduces as the probe timed them inside its steps; the ranks'
 skew (a rank's wait for a slower one: the wait row, or inside communication for older logs).
 Nothing is fitted to the training runs.  Rows: config,
 comm, component (compute, quantize, dequantize, codec, communication, wait, scalar, total),
@@ -122,6 +123,9 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
     # for the latency, which a run's many small all-reduces add up to
     latencies = [r.get("latency_mean_s", r["latency_s"]) if i == 0 else r["latency_s"] for i, r in enumerate(link)]
     alpha, bw = fit_link([r["size_bytes"] for r in link], latencies, probe["world"], burst_bytes)
+    # the latency as the run's own primitives met it after compute, where the probe timed that
+    source = "in-step transfers" if "wire_step_latency_s" in compute else "link fit"
+    alpha = compute.get("wire_step_latency_s", alpha)
     # the codec as the gapped steps timed it (in place, where the run runs it), else in loops
     table = compute.get("codec_values_per_s") or probe["codec_values_per_s"]
     codec = {k: {op: v / codec_stretch for op, v in ops.items()} for k, ops in table.items()}
@@ -130,8 +134,8 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
                 burst_bytes=burst_bytes,
                 scalar_allreduce_s=compute.get("scalar_allreduce_s", probe.get("exact_allreduce_s")),
                 skew_s=compute.get("skew_s", 0.0))
-    return m, {"fitted_latency_s": alpha, "fitted_bandwidth_Bps": bw, "burst_bytes": burst_bytes,
-               "codec_stretch": codec_stretch}
+    return m, {"fitted_latency_s": alpha, "latency_source": source, "fitted_bandwidth_Bps": bw,
+               "burst_bytes": burst_bytes, "codec_stretch": codec_stretch}
 
 
 def predicted_components(w: Workload, m: Machine, comm: str, scalar_apart: bool = True,

@@ -53,6 +53,20 @@ def test_probe_one_rank_records_what_the_model_reads(tmp_path):
     assert p["exact_allreduce_s"] >= 0 and p["world"] == 1
 
 
+def test_probe_two_ranks_time_the_latency_with_each_comms_own_transfers(tmp_path):
+    out = tmp_path / "probe.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                    "-m", "fp4quant.perfmodel.probe", "--seq-len", "32", "--batch-size", "1",
+                    "--link-sizes", "4096", "8192", "--link-iters", "1", "--steps", "2", "--out", str(out)],
+                   env=env, check=True, timeout=300, capture_output=True)
+    p = json.loads(out.read_text())
+    assert p["world"] == 2 and set(p["compute_by_comm"]) == {"bf16", "fp4quant"}
+    for c in p["compute_by_comm"].values():  # each wait ended in real transfers: a latency per wire step
+        assert c["collective_gap_s"] > 0 and len(c["step_s"]) == 2 and len(c["step_s"][0]) == 2
+        assert 0 < c["wire_step_latency_s"] < 1.0
+
+
 def test_codec_rates_time_each_op_at_the_two_shot_shapes():
     rates = probe.codec_rates(4096, 2, ["fp4quant", "bf16"], repeats=2)
     assert set(rates) == {"fp4quant", "fp4quant:sr"}  # bf16 has no codec
@@ -124,6 +138,22 @@ def test_in_step_codec_rates_are_the_mean_seconds_a_call_over_ranks_and_steps():
     # 12 calls in 2 x 3 + 2 x 6 = 18 ms of quantize: 1.5 ms a call; the reduce counts the shard
     assert rates["fp4quant"] == pytest.approx({"quantize": 4096 / 1.5e-3, "dequantize_reduce": 1024 / 3e-3,
                                                "dequantize": 4096 / 6e-3})
+
+
+def test_in_step_latency_is_the_least_rank_per_step_over_the_wire_steps():
+    ranks = [[{"seconds": 4e-3, "wire_steps": 4}, {"seconds": 1e-3, "wire_steps": 4}],
+             [{"seconds": 2e-3, "wire_steps": 4}, {"seconds": 3e-3, "wire_steps": 4}]]
+    assert probe.in_step_latency(ranks) == pytest.approx((2e-3 + 1e-3) / 8)  # the later rank's time each step
+    assert probe.in_step_latency([[], []]) is None and probe.in_step_latency([]) is None
+    with pytest.raises(ValueError, match="different numbers of steps"):
+        probe.in_step_latency([ranks[0], ranks[1][:1]])
+
+
+def test_in_step_transfers_need_peers():
+    net = Qwen2ForCausalLM(ModelConfig.preset("tiny"), TPCommunicator.virtual_group(2))
+    net.tp.world = 1
+    with pytest.raises(ValueError, match="world of at least 2 and at least 2 bytes a rank, got world 1"):
+        CollectiveGaps(net, 1e-4, world=1, latency_bytes=4096)
 
 
 def test_codec_rates_count_the_shard_for_the_reduce_as_the_model_does(monkeypatch):

@@ -178,6 +178,18 @@ def test_the_machine_takes_the_probes_compute_for_the_runs_comm_and_the_mean_lat
     assert old.inter_latency == pytest.approx((1e-3 + 4096 / 5e6) / 2)
 
 
+def test_the_machine_takes_the_latency_the_in_step_transfers_met_under_its_comm():
+    by_comm = {"bf16": {"rank_flops": 3e10, "wire_step_latency_s": 7e-4},
+               "fp4quant": {"rank_flops": 3e10, "wire_step_latency_s": 1.4e-3}}
+    probe = {**PROBE, "compute_by_comm": by_comm}
+    fp4, fit = validate.machine_from_probe(probe, 131072, comm="fp4quant")
+    assert (fp4.inter_latency, fp4.intra_latency, fit["latency_source"]) == (1.4e-3, 1.4e-3, "in-step transfers")
+    bf16, _ = validate.machine_from_probe(probe, 131072, comm="bf16")
+    assert bf16.inter_latency == 7e-4
+    _, old = validate.machine_from_probe(PROBE, 131072, comm="fp4quant")  # a probe without them: the link's fit
+    assert old["latency_source"] == "link fit"
+
+
 def test_the_machine_takes_the_codec_the_gapped_steps_timed_where_the_probe_has_it():
     in_step = {"fp4quant": {"quantize": 7e8, "dequantize_reduce": 9e8, "dequantize": 8e8},
                "fp4quant:sr": {"quantize": 3e8, "dequantize_reduce": 4e8, "dequantize": 6e8}}
