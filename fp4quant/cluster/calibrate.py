@@ -81,9 +81,10 @@ class CollectiveGaps:
     primitive the run uses there: an all-reduce of BF16 where the run sends BF16, and where
     it compresses, the two-shot's exchanges (fp4quant.comm.exchange: its all-to-all after
     the first half, its all-gather after the second).  A message that small rides on the
-    link's burst, so its time is the latency a run's all-reduces meet after compute: wake-up
-    and a round trip included, which back-to-back all-reduces after a barrier under-count
-    (0.6-1.3 ms a wire step on the 120 Mbit/s link, against 1.3-1.5 ms in the runs).
+    link's burst, so its time is the latency a run's all-reduces meet after compute, wake-up
+    and round trip included.  On the 2-core EPYC, fp4quant's runs at 60 and 120 Mbit/s (their
+    messages riding on the burst) spent 1.3-1.5 ms a wire step; these transfers gave 1.1-1.7
+    ms, small all-reduces back to back after a barrier 0.6-1.7 ms, from probe to probe.
     ``transfer_s`` sums their seconds since ``reset`` and ``wire_steps`` the wire steps
     they took (2 (W - 1) a wait); the step's time leaves them out."""
 

@@ -229,7 +229,8 @@ def main(argv=None) -> int:
                 raise ValueError(f"--case needs a probe and at least one run, got {case}")
             r, f = case_rows(Path(case[0]), [Path(p) for p in case[1:]], a.skip)
             rows += r
-            fits.update(f)
+            for name, fit in f.items():  # each repeat's fit, in the order of the cases
+                fits.setdefault(name, []).append(fit)
     except (ValueError, KeyError, OSError) as exc:
         print(f"fp4quant.perfmodel.validate: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -141,11 +141,13 @@ def test_main_writes_the_csv_and_refuses_bad_input_in_one_line(tmp_path, capsys)
     (tmp_path / "probe.json").write_text(json.dumps(PROBE))
     runs = [make_run(tmp_path / c, comm=c, scalar=0.01, least=True) for c in ("bf16", "fp4quant")]
     out = tmp_path / "model_validation.csv"
-    assert validate.main(["--case", str(tmp_path / "probe.json"), *map(str, runs), "--out", str(out)]) == 0
+    case = ["--case", str(tmp_path / "probe.json"), *map(str, runs)]
+    assert validate.main([*case, *case, "--out", str(out)]) == 0  # the link twice: two repeats
     df = pd.read_csv(out)
     assert {"config", "component", "measured_s", "predicted_s", "rel_error"} <= set(df.columns)
-    assert set(df[df.comm == "bf16"].component) == set(validate.COMPONENTS)
-    assert json.loads((tmp_path / "model_validation.csv.meta.json").read_text())["fits"]
+    assert set(df[df.comm == "bf16"].component) == set(validate.COMPONENTS) and set(df.repeat) == {1, 2}
+    fits = json.loads((tmp_path / "model_validation.csv.meta.json").read_text())["fits"]
+    assert len(fits) == 2 and all(len(f) == 2 for f in fits.values())  # every repeat's fit kept
     capsys.readouterr()
     short = make_run(tmp_path / "short", steps=4)
     assert validate.main(["--case", str(tmp_path / "probe.json"), str(short), "--out", str(tmp_path / "x.csv")]) == 2
