@@ -33,8 +33,9 @@ TABLES = expand("paper/tables/{name}.tex", name=TABLE_NAMES)
 HAVE_LATEXMK = shutil.which("latexmk") is not None
 PAPER_PDF = ["paper/main.pdf"] if HAVE_LATEXMK else []
 if not HAVE_LATEXMK:
-    print("fp4quant workflow: latexmk not found, so paper/main.pdf is not built "
-          "(paper/main.tex includes the generated tables and figures)", file=sys.stderr)
+    print("fp4quant workflow: latexmk not found, so paper/main.pdf is not built (paper/main.tex includes "
+          "the generated tables and figures; on Debian: apt-get install latexmk texlive-latex-base "
+          "texlive-latex-recommended)", file=sys.stderr)
 
 
 # What every result depends on beyond its rule's inputs: the code's commit, torch and, where the
