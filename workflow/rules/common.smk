@@ -1,5 +1,6 @@
 # Paths, the run list, the launcher command and the provenance key shared by the rules.
 import json
+import os
 import shlex
 import shutil
 
@@ -31,7 +32,8 @@ TABLE_NAMES = ["formats", "ablation", "end_to_end"] + (["model_validation", "reg
 FIGURES = expand("figures/{name}.pdf", name=FIGURE_NAMES) + ["figures/traffic.pdf"]  # traffic: its own rule
 TABLES = expand("paper/tables/{name}.tex", name=TABLE_NAMES)
 HAVE_LATEXMK = shutil.which("latexmk") is not None
-PAPER_PDF = ["paper/main.pdf"] if HAVE_LATEXMK else []
+# built where its source is: a run from another folder (--snakefile) makes the figures and tables only
+PAPER_PDF = ["paper/main.pdf"] if HAVE_LATEXMK and os.path.exists("paper/main.tex") else []
 if not HAVE_LATEXMK:
     print("fp4quant workflow: latexmk not found, so paper/main.pdf is not built (paper/main.tex includes "
           "the generated tables and figures; on Debian: apt-get install latexmk texlive-latex-base "
