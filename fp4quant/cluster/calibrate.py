@@ -132,11 +132,11 @@ class CollectiveGaps:
         if primitive == "all_reduce":
             dist.all_reduce(self._reduced)
             self.wire_steps += 2 * (self.world - 1)
-        elif primitive == "all_to_all":
-            exchange.all_to_all(self._recv, self._send)
-            self.wire_steps += self.world - 1
-        else:
-            exchange.all_gather(self._recv, self._send[0])
+        else:  # one phase of the two-shot: W - 1 wire steps
+            if primitive == "all_to_all":
+                exchange.all_to_all(self._recv, self._send)
+            else:
+                exchange.all_gather(self._recv, self._send[0])
             self.wire_steps += self.world - 1
         self.transfer_s += time.perf_counter() - t
 

@@ -292,7 +292,7 @@ def main(argv=None) -> int:
         gapped[comm_name] = rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps,
                                               collective_gap_s=gap, scalar_allreduce_s=scalar[comm_name],
                                               codec=codec_config, codec_s=in_step[comm_name],
-                                              latency_bytes=LATENCY_MESSAGE_BYTES if gap > 0 else 0,
+                                              latency_bytes=LATENCY_MESSAGE_BYTES,
                                               transfers=transfers[comm_name])
         dist.barrier()
     hot = codec_rates(values, world, a.presets)

@@ -120,7 +120,7 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
     by_comm = probe.get("compute_by_comm", {})
     compute = by_comm.get(comm) or by_comm.get("bf16") or probe  # a comm it did not time: BF16's waits
     # medians for the bandwidth's slope; the smallest message's mean (where the probe has it)
-    # for the latency, which a run's many small all-reduces add up to
+    # for the latency of older probes, which a run's many small all-reduces add up to
     latencies = [r.get("latency_mean_s", r["latency_s"]) if i == 0 else r["latency_s"] for i, r in enumerate(link)]
     alpha, bw = fit_link([r["size_bytes"] for r in link], latencies, probe["world"], burst_bytes)
     # the latency as the run's own primitives met it after compute, where the probe timed that
