@@ -190,6 +190,9 @@ def fit_alpha_beta(sizes: list[float], latencies: list[float], world: int) -> tu
     y = np.array(latencies, dtype=float)
     a = np.vstack([np.full_like(x, 2 * (world - 1)), x]).T
     (alpha, inv_bw), *_ = np.linalg.lstsq(a, y, rcond=None)
+    if not inv_bw > 0:  # times that do not grow with bytes (noise over too narrow a range) fix no bandwidth
+        raise ValueError(f"all-reduce latencies {[f'{t:.3g}' for t in latencies]} s do not grow with message size "
+                         f"{[int(s) for s in sizes]} bytes: no bandwidth fits; time larger messages or more iterations")
     return max(float(alpha), 0.0), 1.0 / float(inv_bw)
 
 

@@ -52,6 +52,8 @@ def test_fit_recovers_alpha_and_bandwidth():
     lat = [allreduce_time(s, 2, 5e8, 3e-4) for s in sizes]
     alpha, bw = fit_alpha_beta(sizes, lat, 2)
     assert alpha == pytest.approx(3e-4, rel=1e-6) and bw == pytest.approx(5e8, rel=1e-6)
+    with pytest.raises(ValueError, match="do not grow with message size"):  # noise, not a negative bandwidth
+        fit_alpha_beta([4096, 8192], [2e-3, 1e-3], 2)
 
 
 def test_link_fit_takes_latency_from_a_message_inside_the_burst():

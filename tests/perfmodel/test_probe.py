@@ -58,7 +58,7 @@ def test_probe_two_ranks_time_the_latency_with_each_comms_own_transfers(tmp_path
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                     "-m", "fp4quant.perfmodel.probe", "--seq-len", "32", "--batch-size", "1",
-                    "--link-sizes", "4096", "8192", "--link-iters", "1", "--steps", "2", "--out", str(out)],
+                    "--link-sizes", "4096", "4194304", "--link-iters", "1", "--steps", "2", "--out", str(out)],
                    env=env, check=True, timeout=300, capture_output=True)
     p = json.loads(out.read_text())
     assert p["world"] == 2 and set(p["compute_by_comm"]) == {"bf16", "fp4quant"}
