@@ -50,18 +50,27 @@ link     uncompressed all-reduces (BF16) for model.fit_link, at the sizes the ru
          round trip, which the back-to-back small all-reduces after a barrier miss
 
 Rank 0 writes ``--out`` (JSON): medians, every rank's compute FLOP/s, raw link timings.
+
+``--gaps-from EARLIER.json`` makes a bracketing probe, run after the runs that EARLIER.json
+predicts: only the gapped steps ("compute_by_comm"), with EARLIER's link timings for their
+waits, so that the step model's per-step inputs are measured on both sides of the runs and a
+drift of the shared machine's speed between probe and runs averages out (perfmodel.validate
+takes their mean; on this VM a probe's FLOP/s moved 22 -> 32 GFLOP/s from one minute to the
+next).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -255,6 +264,23 @@ def exact_allreduce_s(iters: int = 30) -> float:
     return _median_s(lambda: dist.all_reduce(t), iters)
 
 
+def read_earlier(path: str, world: int, values: int, comms: set[str]) -> dict:
+    """The probe a bracketing probe follows (--gaps-from), checked against this one's shape."""
+    try:
+        earlier = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--gaps-from {path}: {exc}") from None
+    if "link" not in earlier:
+        raise ValueError(f"--gaps-from {path}: not a full probe (no link timings; a bracketing probe's gaps come from one)")
+    if earlier["world"] != world or earlier["message_values"] != values:
+        raise ValueError(f"--gaps-from {path}: it probed {earlier['world']} ranks and {earlier['message_values']}-value "
+                         f"messages, this probe {world} and {values} (model, --seq-len or --batch-size differ)")
+    if set(earlier.get("compute_by_comm", {})) != comms:
+        raise ValueError(f"--gaps-from {path}: it timed comms {sorted(earlier.get('compute_by_comm', {}))}, "
+                         f"this probe {sorted(comms)} (--presets differ)")
+    return earlier
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny")
@@ -267,6 +293,8 @@ def main(argv=None) -> int:
     ap.add_argument("--link-budget-mib", type=int, default=16, help="bytes timed per size (at least 3 iterations)")
     ap.add_argument("--evict-mib", type=int, default=32, help="memory touched before each in-collective codec call")
     ap.add_argument("--steps", type=int, default=8, help="timed training steps of each compute probe")
+    ap.add_argument("--gaps-from", metavar="EARLIER_JSON", default=None,
+                    help="a bracketing probe after the runs: the gapped steps alone, with this probe's link (see above)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.link_iters < 1 or a.steps < 1 or any(s < 2 for s in a.link_sizes or []):
@@ -277,11 +305,21 @@ def main(argv=None) -> int:
     cfg = ModelConfig.preset(a.model)
     values = cfg.hidden_size * a.seq_len * a.batch_size
     threads = torch.get_num_threads()
+    comms = {"bf16", *(p for p in a.presets if QuantConfig.preset(p).compressed)}
+    try:
+        earlier = read_earlier(a.gaps_from, world, values, comms) if a.gaps_from else None
+    except ValueError as exc:
+        dist.destroy_process_group()
+        print(f"fp4quant.perfmodel.probe: error: {exc}", file=sys.stderr)
+        return 2
     dist.barrier()  # every rank computes at once, as in the run
-    continuous = measure_training_flops(a.model, a.seq_len, a.batch_size, world, threads=threads, steps=a.steps)
-    dist.barrier()
-    link_sizes = a.link_sizes or workload_link_sizes(values, a.presets)
-    link = link_timings(link_sizes, a.link_iters, a.link_budget_mib << 20)
+    if earlier is None:
+        continuous = measure_training_flops(a.model, a.seq_len, a.batch_size, world, threads=threads, steps=a.steps)
+        dist.barrier()
+        link_sizes = a.link_sizes or workload_link_sizes(values, a.presets)
+        link = link_timings(link_sizes, a.link_iters, a.link_budget_mib << 20)
+    else:  # the same waits as the probe it brackets
+        continuous, link = None, earlier["link"]
     gaps = collective_gaps(link, values, world, a.presets)
     dist.barrier()
     step_flops = cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world
@@ -295,12 +333,12 @@ def main(argv=None) -> int:
                                               latency_bytes=LATENCY_MESSAGE_BYTES,
                                               transfers=transfers[comm_name])
         dist.barrier()
-    hot = codec_rates(values, world, a.presets)
-    codec = in_collective_rates(values, world, a.presets, hot, evict_mib=a.evict_mib)
+    hot = codec_rates(values, world, a.presets) if earlier is None else {}
+    codec = in_collective_rates(values, world, a.presets, hot, evict_mib=a.evict_mib) if earlier is None else {}
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"gapped_s": gapped, "scalar_s": scalar, "continuous": continuous, "codec": codec, "hot": hot,
                                       "in_step": in_step, "transfers": transfers, "load": os.getloadavg()[0]})
-    exact = exact_allreduce_s()
+    exact = exact_allreduce_s() if earlier is None else None
     if rank == 0:
         # the step waits for its slowest rank: the smallest codec rates
         codec_min = {k: {op: min(g["codec"][k][op] for g in gathered) for op in ops_} for k, ops_ in codec.items()}
@@ -317,18 +355,26 @@ def main(argv=None) -> int:
             rates = in_step_codec_rates(c, [g["in_step"][c] for g in gathered], values, world)
             if rates:
                 entry["codec_values_per_s"] = rates
+                entry["codec_values_per_s_by_rank"] = [in_step_codec_rates(c, [g["in_step"][c]], values, world)
+                                                       for g in gathered]
             latency = in_step_latency([g["transfers"][c] for g in gathered])
             if latency is not None:
                 entry["wire_step_latency_s"] = latency
-        atomic_write_json(a.out, {
-            "rank_flops": by_comm["bf16"]["rank_flops"], "skew_s": by_comm["bf16"]["skew_s"], "compute_by_comm": by_comm,
-            "rank_flops_continuous": min(g["continuous"] for g in gathered), "load_average_1min": gathered[0]["load"],
-            "codec_values_per_s": codec_min, "codec_hot_values_per_s": hot_min, "message_values": values, "world": world, "threads_per_rank": threads,
-            "exact_allreduce_s": exact, "link": link,
-            **provenance(model=a.model, seq_len=a.seq_len, batch_size=a.batch_size, argv=sys.argv[1:] if argv is None else argv),
-        })
-        print(f"probe: {by_comm['bf16']['rank_flops'] / 1e9:.1f} GFLOP/s a rank (BF16's gaps), scalar all-reduce "
-              f"{exact * 1e3:.2f} ms -> {a.out}", file=sys.stderr)
+        shared = {"rank_flops": by_comm["bf16"]["rank_flops"], "skew_s": by_comm["bf16"]["skew_s"], "compute_by_comm": by_comm,
+                  "load_average_1min": gathered[0]["load"], "message_values": values, "world": world,
+                  "threads_per_rank": threads}
+        run_info = provenance(model=a.model, seq_len=a.seq_len, batch_size=a.batch_size,
+                              argv=sys.argv[1:] if argv is None else argv)
+        if earlier is None:
+            out = {**shared, "rank_flops_continuous": min(g["continuous"] for g in gathered),
+                   "codec_values_per_s": codec_min, "codec_hot_values_per_s": hot_min,
+                   "exact_allreduce_s": exact, "link": link, **run_info}
+            note = f"scalar all-reduce {exact * 1e3:.2f} ms"
+        else:
+            out, note = {**shared, "gaps_from": a.gaps_from, **run_info}, f"bracketing {a.gaps_from}"
+        atomic_write_json(a.out, out)
+        print(f"probe: {by_comm['bf16']['rank_flops'] / 1e9:.1f} GFLOP/s a rank (BF16's gaps), {note} -> {a.out}",
+              file=sys.stderr)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -19,7 +19,8 @@ measured   total = step_time_s; codec = the codec timers (quantize_s + dequantiz
            scalar (everything else; logs without scalar_comm_s count the scalar all-reduces
            in compute, on both sides)
 
-and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone: FLOP/s
+and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone (with
+bracketing probes after the runs, its per-step inputs averaged over them: see bracketed): FLOP/s
 of a rank while all compute, cut by idle gaps where the run's all-reduces are, as long as
 they take under the run's comm (the probe's compute_by_comm); the codec at the all-reduce's
 shapes and rounding, timed inside those steps where the run runs it (older probes: inside
@@ -138,6 +139,57 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
                "burst_bytes": burst_bytes, "codec_stretch": codec_stretch}
 
 
+def _harmonic(values: list[float]) -> float:
+    """A rate averaged as its times are (values/s -> mean seconds a value)."""
+    return 1.0 / statistics.fmean(1.0 / v for v in values)
+
+
+def _merge_compute(entries: list[dict]) -> dict:
+    """One comm's compute_by_comm entries of several probes, as one: rates by their mean
+    times (harmonic), seconds by their mean, every rank's steps together; keys that not every
+    probe has are left out."""
+    merged: dict = {}
+    for key in set.intersection(*(set(e) for e in entries)):
+        values = [e[key] for e in entries]
+        if key == "rank_flops":
+            merged[key] = _harmonic(values)
+        elif key == "step_s":
+            merged[key] = [sum(ranks, []) for ranks in zip(*values)]
+        elif key == "codec_values_per_s":
+            merged[key] = {k: {op: _harmonic([v[k][op] for v in values]) for op in values[0][k]}
+                           for k in set.intersection(*(set(v) for v in values))}
+        elif all(isinstance(v, (int, float)) for v in values):
+            merged[key] = statistics.fmean(values)
+    return merged
+
+
+def bracketed(probes: list[dict], names: list[str]) -> dict:
+    """The first probe (a full one) with its per-step inputs (compute_by_comm: compute, codec,
+    in-step latency, scalar all-reduces, skew) averaged with the bracketing probes'
+    (probe --gaps-from) timed after the runs; the link, burst and loops are the first's."""
+    first, later = probes[0], probes[1:]
+    if "link" not in first:
+        raise ValueError(f"{names[0]}: a case's first probe must be a full probe (it has no link timings)")
+    for p, name in zip(later, names[1:]):
+        if "gaps_from" not in p:
+            raise ValueError(f"{name}: a case's later probes must be bracketing probes (fp4quant.perfmodel.probe "
+                             f"--gaps-from); this one is a full probe")
+        if (p["world"], p["message_values"]) != (first["world"], first["message_values"]):
+            raise ValueError(f"{name}: it probed {p['world']} ranks and {p['message_values']}-value messages, "
+                             f"{names[0]} {first['world']} and {first['message_values']}")
+    if not later:
+        return first
+    by_comm = {}
+    for comm, entry in first.get("compute_by_comm", {}).items():
+        missing = [name for p, name in zip(later, names[1:]) if comm not in p.get("compute_by_comm", {})]
+        if missing:
+            raise ValueError(f"{', '.join(missing)}: no steps timed under {comm}, which {names[0]} timed")
+        entries = [entry] + [p["compute_by_comm"][comm] for p in later]
+        by_comm[comm] = {**_merge_compute(entries), "rank_flops_by_probe": [e["rank_flops"] for e in entries]}
+    return {**first, "compute_by_comm": by_comm, "rank_flops": by_comm["bf16"]["rank_flops"],
+            "skew_s": by_comm["bf16"]["skew_s"]}
+
+
 def predicted_components(w: Workload, m: Machine, comm: str, scalar_apart: bool = True,
                          wait_apart: bool = True) -> dict[str, float]:
     """``scalar_apart``: the scalar all-reduces as a component of their own (the runs time them),
@@ -155,8 +207,11 @@ def _record(run: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def case_rows(probe_path: Path, runs: list[Path], skip: float) -> tuple[list[dict], dict]:
-    probe = json.loads(probe_path.read_text())
+def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float) -> tuple[list[dict], dict]:
+    """Rows of the runs on one link; ``probe_path``: its probe, or its probe and the
+    bracketing probes after the runs (see bracketed)."""
+    paths = probe_path if isinstance(probe_path, list) else [probe_path]
+    probe = bracketed([json.loads(p.read_text()) for p in paths], [str(p) for p in paths])
     rows, fits = [], {}
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
@@ -174,7 +229,8 @@ def case_rows(probe_path: Path, runs: list[Path], skip: float) -> tuple[list[dic
             name = f"{cfg['comm']} @ {rate:g} Mbit/s"
         else:  # the cluster fell back to loopback: the rate was asked for, not shaped
             name = f"{cfg['comm']} (loopback; {rate:g} Mbit/s asked)"
-        fits[name] = {**fit, "run": str(run), "emulated": record.get("emulated")}
+        fits[name] = {**fit, "run": str(run), "emulated": record.get("emulated"), "probes": [str(p) for p in paths],
+                      "rank_flops_by_probe": probe.get("compute_by_comm", {}).get(cfg["comm"], {}).get("rank_flops_by_probe")}
         measured = measured_components(steady(read_log(run), skip))
         predicted = predicted_components(w, machine, cfg["comm"], scalar_apart="scalar" in measured,
                                          wait_apart="wait" in measured)
@@ -188,7 +244,7 @@ def case_rows(probe_path: Path, runs: list[Path], skip: float) -> tuple[list[dic
                 "config": name, "comm": cfg["comm"], "link_rate_mbit": rate if rate else "", "component": comp,
                 "measured_s": mean, "measured_sd_s": statistics.stdev(values) if len(values) > 1 else 0.0,
                 "predicted_s": pred, "rel_error": pred / mean - 1 if mean > 0 else ("" if pred == 0 else float("inf")),
-                "steps": len(values), "run": str(run), "probe": str(probe_path),
+                "steps": len(values), "run": str(run), "probe": " ".join(str(p) for p in paths),
                 "probe_load_1min": probe.get("load_average_1min", ""),
             })
     return rows, fits
@@ -218,16 +274,18 @@ def summary(df):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", nargs="+", action="append", required=True, metavar="PROBE_JSON RUN_DIR",
-                    help="a probe and the runs on its link (repeat per link)")
+                    help="a probe, any bracketing probes after the runs (.json), and the runs on its link "
+                         "(repeat per link)")
     ap.add_argument("--skip", type=float, default=0.2, help="fraction of each run's first steps dropped")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     rows, fits = [], {}
     try:
         for case in a.case:
-            if len(case) < 2:
-                raise ValueError(f"--case needs a probe and at least one run, got {case}")
-            r, f = case_rows(Path(case[0]), [Path(p) for p in case[1:]], a.skip)
+            n = next((i for i, arg in enumerate(case) if not arg.endswith(".json")), len(case))
+            if n == 0 or n == len(case) or any(arg.endswith(".json") for arg in case[n:]):
+                raise ValueError(f"--case needs its probe JSONs, then at least one run directory, got {case}")
+            r, f = case_rows([Path(p) for p in case[:n]], [Path(p) for p in case[n:]], a.skip)
             rows += r
             for name, fit in f.items():  # each repeat's fit, in the order of the cases
                 fits.setdefault(name, []).append(fit)

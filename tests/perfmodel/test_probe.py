@@ -65,6 +65,32 @@ def test_probe_two_ranks_time_the_latency_with_each_comms_own_transfers(tmp_path
     for c in p["compute_by_comm"].values():  # each wait ended in real transfers: a latency per wire step
         assert c["collective_gap_s"] > 0 and len(c["step_s"]) == 2 and len(c["step_s"][0]) == 2
         assert 0 < c["wire_step_latency_s"] < 1.0
+    # a bracketing probe after the runs: the gapped steps alone, cut by the same waits
+    after = tmp_path / "after.json"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                    "-m", "fp4quant.perfmodel.probe", "--seq-len", "32", "--batch-size", "1", "--steps", "2",
+                    "--gaps-from", str(out), "--out", str(after)], env=env, check=True, timeout=300, capture_output=True)
+    b = json.loads(after.read_text())
+    assert b["gaps_from"] == str(out) and "link" not in b and "codec_values_per_s" not in b
+    for name, c in b["compute_by_comm"].items():
+        assert c["collective_gap_s"] == p["compute_by_comm"][name]["collective_gap_s"] and len(c["step_s"][0]) == 2
+    assert "codec_values_per_s" in b["compute_by_comm"]["fp4quant"] and b["world"] == 2
+
+
+def test_a_bracketing_probe_refuses_a_probe_of_another_shape_in_one_line(tmp_path):
+    path = tmp_path / "probe.json"
+    earlier = {"world": 2, "message_values": 4096, "link": [], "compute_by_comm": {"bf16": {}, "fp4quant": {}}}
+    path.write_text(json.dumps(earlier))
+    assert probe.read_earlier(str(path), 2, 4096, {"bf16", "fp4quant"}) == earlier
+    with pytest.raises(ValueError, match="probed 2 ranks and 4096-value messages, this probe 2 and 8192"):
+        probe.read_earlier(str(path), 2, 8192, {"bf16", "fp4quant"})
+    with pytest.raises(ValueError, match="--presets differ"):
+        probe.read_earlier(str(path), 2, 4096, {"bf16", "nvfp4"})
+    with pytest.raises(ValueError, match="not a full probe"):
+        path.write_text(json.dumps({k: v for k, v in earlier.items() if k != "link"}))
+        probe.read_earlier(str(path), 2, 4096, {"bf16", "fp4quant"})
+    with pytest.raises(ValueError, match="missing.json"):
+        probe.read_earlier(str(tmp_path / "missing.json"), 2, 4096, {"bf16", "fp4quant"})
 
 
 def test_codec_rates_time_each_op_at_the_two_shot_shapes():

@@ -210,3 +210,51 @@ def test_a_comm_the_probe_did_not_time_takes_bf16s_compute_and_an_empty_summary_
     empty = validate.summary(pd.DataFrame(columns=["config", "comm", "component", "measured_s", "measured_sd_s",
                                                    "predicted_s", "rel_error"]))
     assert empty.empty and {"config", "rel_error_min", "rel_error_max", "repeats"} <= set(empty.columns)
+
+
+def test_bracketing_probes_average_the_per_step_inputs_and_keep_the_first_probes_link(tmp_path, capsys):
+    def entry(flops, codec, latency, steps):
+        return {"rank_flops": flops, "skew_s": latency, "scalar_allreduce_s": 2 * latency, "wire_step_latency_s": latency,
+                "collective_gap_s": 0.01, "step_s": steps,
+                "codec_values_per_s": {"fp4quant": {"quantize": codec, "dequantize_reduce": codec, "dequantize": codec}}}
+
+    before = {**PROBE, "compute_by_comm": {"bf16": entry(2e10, 1e9, 1e-3, [[0.1], [0.1]]),
+                                           "fp4quant": entry(3e10, 1e9, 2e-3, [[0.1], [0.2]])}}
+    after = {"world": 2, "message_values": 65536, "gaps_from": "probe.json", "rank_flops": 4e10,
+             "compute_by_comm": {"bf16": entry(4e10, 3e9, 3e-3, [[0.3], [0.3]]),
+                                 "fp4quant": entry(6e10, 3e9, 4e-3, [[0.3], [0.4]])}}
+    got = validate.bracketed([before, after], ["probe.json", "after.json"])
+    fp4 = got["compute_by_comm"]["fp4quant"]
+    # rates by their mean times (seconds a FLOP / a value averaged), seconds by their mean
+    assert fp4["rank_flops"] == pytest.approx(4e10) and fp4["rank_flops_by_probe"] == [3e10, 6e10]
+    assert fp4["codec_values_per_s"]["fp4quant"]["quantize"] == pytest.approx(1.5e9)
+    assert (fp4["skew_s"], fp4["wire_step_latency_s"], fp4["scalar_allreduce_s"]) == pytest.approx((3e-3, 3e-3, 6e-3))
+    assert fp4["step_s"] == [[0.1, 0.3], [0.2, 0.4]] and got["rank_flops"] == pytest.approx(1 / (0.5 / 2e10 + 0.5 / 4e10))
+    assert got["link"] == PROBE["link"] and validate.bracketed([before], ["probe.json"]) is before
+    m, _ = validate.machine_from_probe(got, 131072, comm="fp4quant")
+    assert (m.rank_flops, m.inter_latency) == pytest.approx((4e10, 3e-3))
+    with pytest.raises(ValueError, match="first probe must be a full probe"):
+        validate.bracketed([after, after], ["after.json", "after.json"])
+    with pytest.raises(ValueError, match="must be bracketing probes"):
+        validate.bracketed([before, before], ["probe.json", "again.json"])
+    with pytest.raises(ValueError, match="no steps timed under fp4quant"):
+        validate.bracketed([before, {**after, "compute_by_comm": {"bf16": after["compute_by_comm"]["bf16"]}}],
+                           ["probe.json", "after.json"])
+    with pytest.raises(ValueError, match="4 ranks"):
+        validate.bracketed([before, {**after, "world": 4}], ["probe.json", "after.json"])
+    # on the command line: the case's JSONs are its probes, in order, then its runs
+    (tmp_path / "probe.json").write_text(json.dumps(before))
+    (tmp_path / "after.json").write_text(json.dumps(after))
+    run = make_run(tmp_path / "fp4quant", scalar=0.01, least=True)
+    out = tmp_path / "v.csv"
+    assert validate.main(["--case", str(tmp_path / "probe.json"), str(tmp_path / "after.json"), str(run),
+                          "--out", str(out)]) == 0
+    df = pd.read_csv(out)
+    assert set(df.probe) == {f"{tmp_path / 'probe.json'} {tmp_path / 'after.json'}"}
+    fits = json.loads((tmp_path / "v.csv.meta.json").read_text())["fits"]
+    assert next(iter(fits.values()))[0]["rank_flops_by_probe"] == [3e10, 6e10]
+    capsys.readouterr()
+    assert validate.main(["--case", str(tmp_path / "probe.json"), str(run), str(tmp_path / "after.json"),
+                          "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "probe JSONs, then at least one run directory" in err[0]

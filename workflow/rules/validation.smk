@@ -1,7 +1,9 @@
 # The step model checked part by part (fp4quant.perfmodel.validate): at each link rate of
-# cluster.validation, a probe of the ranks and the link (fp4quant.perfmodel.probe) and short
-# training runs on that link, back to back, then measured vs predicted compute, codec,
-# communication and total per configuration -> results/model_validation.csv.  With
+# cluster.validation, a probe of the ranks and the link (fp4quant.perfmodel.probe), short
+# training runs on that link and a bracketing probe (--gaps-from: the probe's gapped steps
+# again, so that the model's per-step inputs are the mean of before and after the runs), back
+# to back, then measured vs predicted compute, codec, communication and total per
+# configuration -> results/model_validation.csv.  With
 # cluster.validation.repeats > 1 every link's probe and runs are repeated (repeat<k>/), each
 # repeat a row of its own: the spread of the errors is the machine's drift between a probe
 # and the runs it predicts.
@@ -22,8 +24,13 @@ def validation_train(repeat, rate, comm):
             f" --checkpoint-every 1000000 --device cpu --out {run}")
 
 
-# One job per link rate: its probe, then its runs, back to back, so that the model's inputs
-# and the runs it predicts are measured under the same load of this shared machine.
+def validation_probe(rate, cluster_args, probe_args):
+    return (f"{PY} -m fp4quant.cluster run --rate-mbit {rate} --nodes {NODES} {cluster_args} -- -m fp4quant.perfmodel.probe"
+            f" --model {TRAIN['model']} --seq-len {TRAIN['seq_len']} --batch-size {TRAIN['batch_size']} {probe_args}")
+
+
+# One job per link rate: its probe, its runs, its bracketing probe, back to back, so that the
+# model's inputs and the runs it predicts are measured under the same load of this shared machine.
 rule validation_rate:
     input:
         rules.build_extension.output.info,
@@ -31,21 +38,23 @@ rule validation_rate:
     output:
         probe=f"{VDIR}/repeat{{repeat}}/rate{{rate}}/probe.json",
         record=f"{VDIR}/repeat{{repeat}}/rate{{rate}}/probe.cluster.json",
+        after=f"{VDIR}/repeat{{repeat}}/rate{{rate}}/probe_after.json",
         runs=[f"{VDIR}/repeat{{repeat}}/rate{{rate}}/{c}/summary.json" for c in VCOMMS],
     log:
         f"{OUT}/logs/validation_{{repeat}}_{{rate}}.log",
     params:
         runs=lambda wc: " && ".join(validation_train(wc.repeat, wc.rate, c) for c in VCOMMS),
+        probe=lambda wc, output: validation_probe(wc.rate, f"--record {output.record}", f"--out {output.probe}"),
+        after=lambda wc, output: validation_probe(wc.rate, "", f"--gaps-from {output.probe} --out {output.after}"),
     threads: workflow.cores
     shell:
-        "({PY} -m fp4quant.cluster run --rate-mbit {wildcards.rate} --nodes {NODES} --record {output.record} --"
-        " -m fp4quant.perfmodel.probe --model {TRAIN[model]} --seq-len {TRAIN[seq_len]} --batch-size {TRAIN[batch_size]}"
-        " --out {output.probe} && {params.runs}) > {log} 2>&1"
+        "({params.probe} && {params.runs} && {params.after}) > {log} 2>&1"
 
 
 rule model_validation:
     input:
-        probes=expand(f"{VDIR}/repeat{{repeat}}/rate{{rate}}/probe.json", repeat=VREPEATS, rate=VRATES),
+        probes=expand(f"{VDIR}/repeat{{repeat}}/rate{{rate}}/probe{{when}}.json", repeat=VREPEATS, rate=VRATES,
+                      when=["", "_after"]),
         runs=expand(f"{VDIR}/repeat{{repeat}}/rate{{rate}}/{{comm}}/summary.json", repeat=VREPEATS, rate=VRATES,
                     comm=VCOMMS),
     output:
@@ -53,7 +62,7 @@ rule model_validation:
     log:
         f"{OUT}/logs/model_validation.log",
     params:
-        cases=" ".join(f"--case {VDIR}/repeat{k}/rate{r}/probe.json "
+        cases=" ".join(f"--case {VDIR}/repeat{k}/rate{r}/probe.json {VDIR}/repeat{k}/rate{r}/probe_after.json "
                        + " ".join(f"{VDIR}/repeat{k}/rate{r}/{c}" for c in VCOMMS) for k in VREPEATS for r in VRATES),
     shell:
         "{PY} -m fp4quant.perfmodel.validate {params.cases} --out {output} 2> {log}"
