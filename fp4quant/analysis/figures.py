@@ -415,6 +415,6 @@ def validation(df: pd.DataFrame, out, profile: str) -> None:
         ax.title.set_fontsize(8)
     axes[0][0].legend(fontsize=6)
     fig.suptitle("step model vs runs measured on the emulated cluster (this machine's ranks, tc-shaped links); "
-                 "model inputs probed on the same links, nothing fitted to the runs", fontsize=8)
+                 f"model inputs from {validate.probes_said(df)}, nothing fitted to the runs", fontsize=8)
     fig.tight_layout()
     _finish(fig, df, profile, out)

@@ -136,7 +136,7 @@ def model_validation(df: pd.DataFrame, out, profile: str) -> None:
               "over their steady steps; predicted, the mean; error, the mean [min, max] of the repeats' errors")
     caption = ("The step model against training runs measured on the emulated cluster, part by part: "
                f"milliseconds per step ({spread}; from the trainer's timers; "
-               "predicted from a probe of the same links and ranks, nothing fitted to the runs). "
+               f"predicted from {validate.probes_said(df)}, nothing fitted to the runs). "
                "Scalar: the trainer's small uncompressed all-reduces (loss statistics, gradient norm, non-finite check); "
                + ("communication: the least over the ranks of a step's seconds in the TP collectives; wait: the "
                   "logging rank's seconds in them beyond that (waiting for a slower peer; the model's skew); "

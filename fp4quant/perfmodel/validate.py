@@ -250,6 +250,14 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float) -> t
     return rows, fits
 
 
+def probes_said(df) -> str:
+    """How the rows' predictions were probed, in words (for captions)."""
+    probes = df["probe"].astype(str) if "probe" in df else []
+    if len(probes) and all(" " in p for p in probes):
+        return "probes of the same links and ranks before and after the runs (their mean)"
+    return "a probe of the same links and ranks"
+
+
 def summary(df):
     """One row per (config, component) over its repeats (model_validation.csv's rows; a CSV
     without the ``repeat`` column is one repeat): measured_s and predicted_s their means,

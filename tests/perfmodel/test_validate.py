@@ -258,3 +258,11 @@ def test_bracketing_probes_average_the_per_step_inputs_and_keep_the_first_probes
                           "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "probe JSONs, then at least one run directory" in err[0]
+
+
+def test_captions_say_whether_the_predictions_were_bracketed():
+    one = pd.DataFrame({"probe": ["a/probe.json", "b/probe.json"]})
+    two = pd.DataFrame({"probe": ["a/probe.json a/probe_after.json", "b/probe.json b/probe_after.json"]})
+    assert validate.probes_said(one) == "a probe of the same links and ranks"
+    assert "before and after the runs" in validate.probes_said(two)
+    assert validate.probes_said(pd.DataFrame({"config": []})) == "a probe of the same links and ranks"
