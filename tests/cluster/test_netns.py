@@ -22,7 +22,10 @@ from fp4quant.cluster.__main__ import main as cluster_main
 SERVER = "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 29700)); s.listen(); c,_=s.accept(); n=0\n" \
          "b=c.recv(1<<20); t=time.time(); n=len(b)\n" \
          "while True:\n    b=c.recv(1<<20)\n    if not b: break\n    n+=len(b)\nprint(n, time.time()-t)"
-CLIENT = "import socket,sys,time; time.sleep(0.5); c=socket.create_connection((sys.argv[1], 29700)); " \
+# the client retries until the server listens (a fixed head start loses the race on a loaded machine)
+CLIENT = "import socket,sys,time\ndeadline=time.monotonic()+30\nwhile True:\n    try:\n" \
+         "        c=socket.create_connection((sys.argv[1], 29700)); break\n    except ConnectionRefusedError:\n" \
+         "        if time.monotonic()>deadline: raise\n        time.sleep(0.05)\n" \
          "c.sendall(b'x'*int(sys.argv[2])); c.close()"
 
 

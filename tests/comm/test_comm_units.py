@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -153,13 +153,19 @@ def test_argument_checks():
     assert validate._difference(a, b).startswith("config.group: 256")
 
 
-def test_stats_recorder():
+def test_stats_recorder(monkeypatch):
+    clock = [100.0]  # the recorder's clock, advanced by hand: exact times, whatever the load
+
+    def elapse(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(counters, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     counters.reset_stats()
     rec = counters.Recorder("fwd", torch.device("cpu"))
     with rec.codec("quantize"):
-        time.sleep(0.002)
+        elapse(0.002)
     with rec.codec("dequantize"):
-        time.sleep(0.001)
+        elapse(0.001)
     with rec.codec("dequantize"):
         pass
     with rec.comm():
@@ -172,9 +178,9 @@ def test_stats_recorder():
     s = counters.stats()
     assert s["fwd"]["calls"] == 1 and s["fwd"]["bytes_sent"] == 10 and s["fwd"]["bytes_uncompressed"] == 40
     # the split timers: each op's time in its own field, the codec total their sum
-    assert s["fwd"]["quantize_s"] >= 0.002 and 0.001 <= s["fwd"]["dequantize_s"] < s["fwd"]["quantize_s"] + 0.05
+    assert s["fwd"]["quantize_s"] == pytest.approx(0.002) and s["fwd"]["dequantize_s"] == pytest.approx(0.001)
     assert s["fwd"]["codec_s"] == pytest.approx(s["fwd"]["quantize_s"] + s["fwd"]["dequantize_s"], rel=1e-12)
-    assert s["fwd"]["total_s"] >= s["fwd"]["codec_s"]
+    assert s["fwd"]["total_s"] == pytest.approx(0.003)
     s["fwd"]["calls"] = 99  # a copy
     assert counters.stats()["fwd"]["calls"] == 1
     counters.reset_stats()

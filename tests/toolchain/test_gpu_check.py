@@ -25,13 +25,15 @@ def test_gpu_check_passes_shellcheck():
 @pytest.mark.slow
 def test_gpu_check_records_timeouts_and_skips_and_still_reports(tmp_path):
     """With a budget too small for the build: the build is cut (timed out), the stages after it are
-    recorded as skipped, the report runs, the exit status is 1."""
+    recorded as skipped, the report runs, the exit status is 1.  The build here never ends (a
+    setup.py that sleeps), so it is cut at the deadline however long the machine stage took."""
     (tmp_path / "src").mkdir()
     src = copy_sources(tmp_path / "src")
+    (src / "setup.py").write_text("import time\ntime.sleep(3600)\n")
     shutil.copytree(ROOT / "scripts", src / "scripts")
     results = tmp_path / "results"
     proc = subprocess.run(["bash", str(src / "scripts" / "gpu_check.sh"), str(results)], capture_output=True,
-                          text=True, timeout=300, env=clean_env(GPU_CHECK_BUDGET="25", PYTHON=sys.executable))
+                          text=True, timeout=300, env=clean_env(GPU_CHECK_BUDGET="40", PYTHON=sys.executable))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     stages = pd.read_csv(results / "stages.tsv", sep="\t").set_index("stage").status.to_dict()
     assert stages["machine"] == "ok" and stages["build"] == "failed(124)", stages

@@ -65,6 +65,7 @@ def table_rows(tex: Path) -> list[list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # above snakemake's own 1500 s, which reports the log's tail
 def test_whole_pipeline_at_ci_scale(tmp_path):
     r = snakemake("--cores", "2", "--configfile", str(REPO / "workflow/config/ci.yaml"), cwd=tmp_path, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
