@@ -179,6 +179,9 @@ def bracketed(probes: list[dict], names: list[str]) -> dict:
                              f"{names[0]} {first['world']} and {first['message_values']}")
     if not later:
         return first
+    if "bf16" not in first.get("compute_by_comm", {}):
+        raise ValueError(f"{names[0]}: a probe from before the per-comm gapped steps (no compute_by_comm "
+                         f"for bf16) cannot be bracketed; validate it alone")
     by_comm = {}
     for comm, entry in first.get("compute_by_comm", {}).items():
         missing = [name for p, name in zip(later, names[1:]) if comm not in p.get("compute_by_comm", {})]

@@ -242,6 +242,8 @@ def test_bracketing_probes_average_the_per_step_inputs_and_keep_the_first_probes
                            ["probe.json", "after.json"])
     with pytest.raises(ValueError, match="4 ranks"):
         validate.bracketed([before, {**after, "world": 4}], ["probe.json", "after.json"])
+    with pytest.raises(ValueError, match="cannot be bracketed"):  # an old probe: no per-comm steps
+        validate.bracketed([PROBE, after], ["old.json", "after.json"])
     # on the command line: the case's JSONs are its probes, in order, then its runs
     (tmp_path / "probe.json").write_text(json.dumps(before))
     (tmp_path / "after.json").write_text(json.dumps(after))
