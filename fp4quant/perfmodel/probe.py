@@ -333,8 +333,10 @@ def main(argv=None) -> int:
                                               latency_bytes=LATENCY_MESSAGE_BYTES,
                                               transfers=transfers[comm_name])
         dist.barrier()
-    hot = codec_rates(values, world, a.presets) if earlier is None else {}
-    codec = in_collective_rates(values, world, a.presets, hot, evict_mib=a.evict_mib) if earlier is None else {}
+    hot, codec = {}, {}
+    if earlier is None:  # the codec in loops and in all-reduces: a full probe's only
+        hot = codec_rates(values, world, a.presets)
+        codec = in_collective_rates(values, world, a.presets, hot, evict_mib=a.evict_mib)
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"gapped_s": gapped, "scalar_s": scalar, "continuous": continuous, "codec": codec, "hot": hot,
                                       "in_step": in_step, "transfers": transfers, "load": os.getloadavg()[0]})

@@ -147,7 +147,7 @@ def _harmonic(values: list[float]) -> float:
 def _merge_compute(entries: list[dict]) -> dict:
     """One comm's compute_by_comm entries of several probes, as one: rates by their mean
     times (harmonic), seconds by their mean, every rank's steps together; keys that not every
-    probe has are left out."""
+    probe has, and per-rank detail (codec_values_per_s_by_rank), are left out."""
     merged: dict = {}
     for key in set.intersection(*(set(e) for e in entries)):
         values = [e[key] for e in entries]
