@@ -2,6 +2,7 @@
 // input checks, shapes and dispatch.  Kernels never see a tensor: they get the plain
 // argument structs of kernels.h.  The fake (meta) kernels live in fp4quant/ops/_native.py.
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/extension.h>
@@ -145,21 +146,16 @@ QuantizeArgs quantize_args(const at::Tensor& x, const Config& cfg, const c10::op
   return a;
 }
 
+// The arguments of a decode of msgs into out, already (rows, n) of its dtype, contiguous.
 DequantizeArgs dequantize_args(const at::Tensor& msgs, int64_t n, const Config& cfg,
-                               const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate,
-                               at::Tensor& out) {
-  TORCH_CHECK(n >= 0, "fp4quant.dequantize: n must be >= 0, got ", n);
-  const Layout lay = make_layout(cfg, n);
-  check_messages(msgs, lay, "msgs");
-  out = at::empty({msgs.size(0), n}, msgs.options().dtype(dtype));
-  prefer_huge_pages(out);
+                               const c10::optional<at::Tensor>& signs, bool saturate, const at::Tensor& out) {
   DequantizeArgs a{};
   a.cfg = cfg;
-  a.lay = lay;
+  a.lay = make_layout(cfg, n);
   a.rows = msgs.size(0);
   a.msgs = msgs.data_ptr<uint8_t>();
   a.out = out.data_ptr();
-  a.out_dtype = dtype_code(dtype, "dtype");
+  a.out_dtype = dtype_code(out.scalar_type(), "out");
   a.signs = signs_ptr(signs, cfg, msgs.device());
   a.saturate = saturate;
   return a;
@@ -237,10 +233,34 @@ at::Tensor dequantize(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef conf
                       const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate) {
   const Config cfg = parse_config(config);
   const at::Tensor msgs = msgs_in.contiguous();
+  TORCH_CHECK(n >= 0, "fp4quant.dequantize: n must be >= 0, got ", n);
+  check_messages(msgs, make_layout(cfg, n), "msgs");
+  dtype_code(dtype, "dtype");
   const c10::DeviceGuard guard(msgs.device());
-  at::Tensor out;
-  launch(dequantize_args(msgs, n, cfg, signs, dtype, saturate, out), msgs.device(), "dequantize");
+  at::Tensor out = at::empty({msgs.size(0), n}, msgs.options().dtype(dtype));
+  prefer_huge_pages(out);
+  launch(dequantize_args(msgs, n, cfg, signs, saturate, out), msgs.device(), "dequantize");
   return out;
+}
+
+// dequantize into the caller's (rows, n) buffer: no allocation (a fresh large one costs page
+// faults) and no copy where the values are wanted in place (the all-reduce's own tensor).
+void dequantize_into(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
+                     const c10::optional<at::Tensor>& signs, bool saturate, at::Tensor& out) {
+  const Config cfg = parse_config(config);
+  const at::Tensor msgs = msgs_in.contiguous();
+  TORCH_CHECK(n >= 0, "fp4quant.dequantize_into: n must be >= 0, got ", n);
+  check_messages(msgs, make_layout(cfg, n), "msgs");
+  TORCH_CHECK(out.device() == msgs.device(), "fp4quant.dequantize_into: out is on ", out.device(),
+              " but msgs are on ", msgs.device());
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == msgs.size(0) && out.size(1) == n,
+              "fp4quant.dequantize_into: out must have shape (", msgs.size(0), ", ", n, "), got ", out.sizes());
+  TORCH_CHECK(out.is_contiguous(), "fp4quant.dequantize_into: out must be contiguous");
+  const at::MemOverlapStatus overlap = at::get_overlap_status(out, msgs);
+  TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
+              "fp4quant.dequantize_into: out overlaps msgs (the values would overwrite the codes they are decoded from)");
+  const c10::DeviceGuard guard(msgs.device());
+  launch(dequantize_args(msgs, n, cfg, signs, saturate, out), msgs.device(), "dequantize_into");
 }
 
 at::Tensor dequantize_reduce(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
@@ -262,6 +282,7 @@ at::Tensor dequantize_reduce(const at::Tensor& msgs_in, int64_t n, at::IntArrayR
 TORCH_LIBRARY(fp4quant, m) {
   m.def("quantize(Tensor x, int[] config, Tensor? signs, int seed, int offset) -> Tensor");
   m.def("dequantize(Tensor msgs, int n, int[] config, Tensor? signs, ScalarType dtype, bool saturate=True) -> Tensor");
+  m.def("dequantize_into(Tensor msgs, int n, int[] config, Tensor? signs, bool saturate, Tensor(a!) out) -> ()");
   m.def(
       "dequantize_reduce(Tensor msgs, int n, int[] config, Tensor? signs, ScalarType dtype, bool requantize, "
       "int seed, int offset) -> Tensor");
@@ -270,6 +291,7 @@ TORCH_LIBRARY(fp4quant, m) {
 TORCH_LIBRARY_IMPL(fp4quant, CPU, m) {
   m.impl("quantize", &fp4q::quantize);
   m.impl("dequantize", &fp4q::dequantize);
+  m.impl("dequantize_into", &fp4q::dequantize_into);
   m.impl("dequantize_reduce", &fp4q::dequantize_reduce);
 }
 
@@ -277,6 +299,7 @@ TORCH_LIBRARY_IMPL(fp4quant, CPU, m) {
 TORCH_LIBRARY_IMPL(fp4quant, CUDA, m) {
   m.impl("quantize", &fp4q::quantize);
   m.impl("dequantize", &fp4q::dequantize);
+  m.impl("dequantize_into", &fp4q::dequantize_into);
   m.impl("dequantize_reduce", &fp4q::dequantize_reduce);
 }
 #endif

@@ -6,8 +6,10 @@ For each torch thread count (default 1 and all) and input size 64 KiB .. 256 MiB
 float32 input), in one run:
   a copy into a prefaulted buffer (`out.copy_(x)`: what the memory system sustains) and
   torch.clone (a fresh buffer each call: page-fault bound on CPUs, kept for comparison);
-  quantize, dequantize and dequantize_reduce (2 messages summed and re-quantized, as in a
-  two-shot all-reduce of 2 ranks) of every compressed preset, on the native kernels; the
+  quantize, dequantize (into the copy's prefaulted buffer, as the all-reduce decodes into its
+  own tensor: a fresh 64 MiB output would time the page faults, as the clone does) and
+  dequantize_reduce (2 messages summed and re-quantized, as in a two-shot all-reduce of 2
+  ranks) of every compressed preset, on the native kernels; the
   pure-PyTorch reference quantize (up to --reference-max-mib); torchao's NVFP4 quantization
   (to_nvfp4 with a per-tensor scale computed outside the timed region).
 GB/s is bytes of input processed per second (for dequantize: of the float32 values it
@@ -149,7 +151,8 @@ def measure_size(device, size: int, threads: int, presets: list[str], min_time: 
         record("quantize", backend, name, timer(device, lambda: ops.quantize_rows(x[None], config), min_time, max_iters),
                size, bytes_moved("quantize", numel, message), copy)
         record("dequantize", backend, name,
-               timer(device, lambda: ops.dequantize_rows(msg, numel, config, torch.float32), min_time, max_iters),
+               timer(device, lambda: ops.dequantize_rows(msg, numel, config, torch.float32, out=out[None]), min_time,
+                     max_iters),
                size, bytes_moved("dequantize", numel, message), copy)
         many = torch.cat([msg] * WORLD)
         record("dequantize_reduce", backend, name,

@@ -2,7 +2,7 @@
 
 two_shot    (all-reduce) pad to (W, S) -> quantize_rows -> all-to-all ->
             dequantize_reduce(requantize=True) -> all-gather of the W shard messages ->
-            dequantize_rows -> the first N values
+            dequantize_rows -> the first N values (decoded in place where there is no padding)
 one_shot    (all-reduce) quantize_rows(1, N) -> all-gather -> dequantize_reduce(requantize=False)
 gather      (all-gather) quantize_rows(1, n) -> all-gather -> dequantize_rows (W, n)
 scatter     (reduce-scatter) quantize_rows(W, n) -> all-to-all -> dequantize_reduce(requantize=False)
@@ -144,9 +144,14 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
         ch, S, gathered = state
         with rec.codec("dequantize") as op:
             # the shards hold sums: one that overflows the dtype is +-inf, as in dequantize_reduce
-            vals = ops.dequantize_rows(gathered.view(world, -1), S, config, dtype, saturate=world == 1)
+            dest = flat[ch.start : ch.start + ch.numel]
+            if ch.numel == world * S and dest.is_contiguous():  # no padding: decode in place
+                ops.dequantize_rows(gathered.view(world, -1), S, config, dtype, saturate=world == 1,
+                                    out=dest.view(world, S))
+            else:
+                vals = ops.dequantize_rows(gathered.view(world, -1), S, config, dtype, saturate=world == 1)
+                dest.copy_(vals.view(-1)[: ch.numel])
             op.bytes_moved = gathered.numel() + VB * world * S
-        flat[ch.start : ch.start + ch.numel].copy_(vals.view(-1)[: ch.numel])
         return None, None
 
     _pipeline(call.chunks(flat.numel(), world * config.block), (quantize, reduce, finish), call)
@@ -174,9 +179,12 @@ def gather(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
     def finish(state):
         ch, gathered = state
         with call.rec.codec("dequantize") as op:
-            vals = ops.dequantize_rows(gathered.view(world, -1), ch.numel, call.config, dtype)
+            dest = out[:, ch.start : ch.start + ch.numel]
+            if dest.is_contiguous():  # one chunk of a contiguous out: decode in place
+                ops.dequantize_rows(gathered.view(world, -1), ch.numel, call.config, dtype, out=dest)
+            else:
+                dest.copy_(ops.dequantize_rows(gathered.view(world, -1), ch.numel, call.config, dtype))
             op.bytes_moved = gathered.numel() + VB * world * ch.numel
-        out[:, ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
 
     _pipeline(call.chunks(src.numel(), call.config.block), (_quantize_gather(src, call), finish), call)

@@ -66,16 +66,29 @@ def quantize_rows(x: torch.Tensor, config: QuantConfig | str, seed: int = 0, off
 
 
 def dequantize_rows(
-    msgs: torch.Tensor, n: int, config: QuantConfig | str, dtype: torch.dtype, saturate: bool = True
+    msgs: torch.Tensor, n: int, config: QuantConfig | str, dtype: torch.dtype, saturate: bool = True,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(rows, nbytes(n)) messages -> (rows, n) values of ``dtype``.  Values past the dtype's
-    range saturate; with ``saturate=False`` (messages that hold sums) they become +-inf."""
+    range saturate; with ``saturate=False`` (messages that hold sums) they become +-inf.
+    ``out``: a contiguous (rows, n) tensor of ``dtype`` on the messages' device to write them
+    into (returned): no allocation, and no copy where the values are wanted in place."""
     config = _check(config, 0, 0)
     check_float_dtype(dtype, "dtype")
-    if backend(msgs.device) == "reference":
-        return reference.dequantize_rows(msgs, n, config, dtype, saturate)
     reference.check_messages(msgs, n, config)
-    return torch.ops.fp4quant.dequantize(msgs, n, to_codes(config), _signs(config, msgs.device), dtype, bool(saturate))
+    if out is not None and (out.dtype != dtype or out.device != msgs.device or not out.is_contiguous()
+                            or tuple(out.shape) != (msgs.shape[0], n)):
+        raise ValueError(f"dequantize_rows: out must be a contiguous {(msgs.shape[0], n)} {dtype} tensor on "
+                         f"{msgs.device}, got {'' if out.is_contiguous() else 'a non-contiguous '}"
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    if backend(msgs.device) == "reference":
+        vals = reference.dequantize_rows(msgs, n, config, dtype, saturate)
+        return vals if out is None else out.copy_(vals)
+    codes, signs = to_codes(config), _signs(config, msgs.device)
+    if out is None:
+        return torch.ops.fp4quant.dequantize(msgs, n, codes, signs, dtype, bool(saturate))
+    torch.ops.fp4quant.dequantize_into(msgs, n, codes, signs, bool(saturate), out)
+    return out
 
 
 def dequantize_reduce(

@@ -90,6 +90,10 @@ if module is not None:
     def _dequantize_fake(msgs, n, config, signs, dtype, saturate=True):
         return msgs.new_empty((msgs.shape[0], n), dtype=dtype)
 
+    @torch.library.register_fake("fp4quant::dequantize_into")
+    def _dequantize_into_fake(msgs, n, config, signs, saturate, out):
+        return None
+
     @torch.library.register_fake("fp4quant::dequantize_reduce")
     def _dequantize_reduce_fake(msgs, n, config, signs, dtype, requantize, seed, offset):
         if requantize:

@@ -132,6 +132,8 @@ def check_quantize(x: torch.Tensor, config: QuantConfig, seed: int = 3, offset: 
 def check_decoding(msgs: torch.Tensor, n: int, config: QuantConfig, dtype: torch.dtype, seed: int = 4, offset: int = 0):
     got = ops.dequantize_rows(msgs.cuda(), n, config, dtype).cpu()
     assert bits_equal(got, reference.dequantize_rows(msgs, n, config, dtype)), "dequantize_rows"
+    out = torch.full((msgs.shape[0], n), float("nan"), dtype=dtype, device="cuda")
+    assert bits_equal(ops.dequantize_rows(msgs.cuda(), n, config, dtype, out=out).cpu(), got), "dequantize_rows into out"
     for requantize in (True, False):
         got = ops.dequantize_reduce(msgs.cuda(), n, config, dtype, requantize, seed, offset).cpu()
         want = reference.dequantize_reduce(msgs, n, config, dtype, requantize, seed, offset)

@@ -45,6 +45,9 @@ def check_all_ops(x: torch.Tensor, config: QuantConfig, seed: int = 3, offset: i
     for saturate in (True, False):
         a = ops.dequantize_rows(native, n, config, dtype, saturate)
         assert bits_equal(a, reference.dequantize_rows(oracle, n, config, dtype, saturate)), f"dequantize({saturate})"
+        out = torch.full_like(a, float("nan"))  # every value must be written over
+        assert ops.dequantize_rows(native, n, config, dtype, saturate, out=out) is out
+        assert bits_equal(out, a), f"dequantize({saturate}) into out"
     for requantize in (True, False):
         a = ops.dequantize_reduce(native, n, config, dtype, requantize, seed + 1, offset)
         b = reference.dequantize_reduce(oracle, n, config, dtype, requantize, seed + 1, offset)
@@ -153,6 +156,28 @@ def test_bad_inputs_raise_clear_errors():
         torch.ops.fp4quant.quantize(torch.zeros(1, 4), [0, 16, 100, 0, 0, 0, 1, 0, 0], None, 0, 0)
 
 
+def test_dequantize_into_checks_out_and_the_reference_writes_it_too(monkeypatch):
+    config = QuantConfig.preset("nvfp4")
+    msgs = ops.quantize_rows(torch.randn(2, 100), config)
+    for bad, what in ((torch.empty(2, 100, dtype=torch.float16), "float16"), (torch.empty(3, 100), r"\(3, 100\)"),
+                      (torch.empty(100, 2).t(), "non-contiguous")):
+        with pytest.raises(ValueError, match=rf"out must be a contiguous \(2, 100\) torch.float32 .*got .*{what}"):
+            ops.dequantize_rows(msgs, 100, config, torch.float32, out=bad)
+    codes, signs = to_codes(config), None
+    with pytest.raises(RuntimeError, match="out must be float32, bfloat16 or float16, got Int"):
+        torch.ops.fp4quant.dequantize_into(msgs, 100, codes, signs, True, torch.empty(2, 100, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match=r"out must have shape \(2, 100\)"):
+        torch.ops.fp4quant.dequantize_into(msgs, 100, codes, signs, True, torch.empty(2, 99))
+    with pytest.raises(RuntimeError, match="out overlaps msgs"):  # the values would overwrite the codes they come from
+        shared = torch.empty(2, 100)
+        codes_there = shared.view(-1).view(torch.uint8)[: msgs.numel()].view(msgs.shape).copy_(msgs)
+        torch.ops.fp4quant.dequantize_into(codes_there, 100, codes, signs, True, shared)
+    want = ops.dequantize_rows(msgs, 100, config, torch.bfloat16)
+    monkeypatch.setattr(ops, "backend", lambda device: "reference")
+    out = torch.full((2, 100), float("nan"), dtype=torch.bfloat16)
+    assert ops.dequantize_rows(msgs, 100, config, torch.bfloat16, out=out) is out and bits_equal(out, want)
+
+
 def test_config_codes_round_trip():
     for name in COMPRESSED:
         config = QuantConfig.preset(name)
@@ -167,6 +192,7 @@ def test_opcheck_every_op():
     n = 3000
     torch.library.opcheck(torch.ops.fp4quant.quantize, (x, config, signs, 1, 2))
     torch.library.opcheck(torch.ops.fp4quant.dequantize, (msgs, n, config, signs, torch.bfloat16))
+    torch.library.opcheck(torch.ops.fp4quant.dequantize_into, (msgs, n, config, signs, False, torch.empty(2, n)))
     torch.library.opcheck(torch.ops.fp4quant.dequantize_reduce, (msgs, n, config, signs, torch.float32, True, 3, 4))
     torch.library.opcheck(torch.ops.fp4quant.dequantize_reduce, (msgs, n, config, signs, torch.float16, False, 0, 0))
 
