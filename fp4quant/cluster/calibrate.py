@@ -98,6 +98,7 @@ class CollectiveGaps:
             raise ValueError(f"in-step transfers need a world of at least 2 and at least 2 bytes a rank, "
                              f"got world {world} and {latency_bytes} bytes")
         self.gap_s, self.codec, self.world = gap_s, codec, world
+        self._decoded: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # decode buffers by (values, dtype)
         self.latency_bytes = latency_bytes
         if latency_bytes:
             per_rank = latency_bytes // world
@@ -163,8 +164,13 @@ class CollectiveGaps:
         self._sleep(self.gap_s / 2)
         self._transfer("all_gather")
         gathered = reduced.repeat(self.world).view(self.world, -1)  # stands for the shards the peers send
+        # the run decodes into the all-reduce's own tensor, here a buffer kept as long (not the
+        # model's activation, which the probe's step goes on computing with)
+        out = self._decoded.get((flat.numel(), flat.dtype))
+        if out is None:
+            out = self._decoded[(flat.numel(), flat.dtype)] = torch.empty_like(flat)
         t = time.perf_counter()
-        ops.dequantize_rows(gathered, shard, config, flat.dtype, saturate=False)
+        ops.dequantize_rows(gathered, shard, config, flat.dtype, saturate=False, out=out.view(self.world, shard))
         seconds["dequantize"] += time.perf_counter() - t
         self.codec_calls[direction] += 1
 
@@ -265,10 +271,11 @@ def measure_codec(values: int, presets: list[str], threads: int = 1, repeats: in
                 continue
             msg = ops.quantize_rows(x, config)
             two = torch.cat([msg, msg])
+            decoded = torch.empty_like(x)  # the all-reduce decodes into its own tensor
             cases = {
                 "quantize": lambda: ops.quantize_rows(x, config),
                 "dequantize_reduce": lambda: ops.dequantize_reduce(two, values, config, torch.float32, True),
-                "dequantize": lambda: ops.dequantize_rows(msg, values, config, torch.float32),
+                "dequantize": lambda: ops.dequantize_rows(msg, values, config, torch.float32, out=decoded),
             }
             out[name] = {}
             for op, fn in cases.items():
