@@ -11,7 +11,9 @@ on the same link (fp4quant.bench.transfers: each gloo primitive's rate per rank 
 Nothing is fitted to the all-reduces.  Each algorithm's seconds:
 
 uncompressed   gloo's ring all_reduce: its sent bytes at the all_reduce rate measured at
-               that size, plus 2 (W-1) latencies
+               that size (the workflow measures up to a quarter of it: a shaped link's rate
+               per byte is flat at megabytes, so the largest size's rate stands beyond it),
+               plus 2 (W-1) latencies
 two-shot       the codec timers' seconds, plus the all-to-all phase's bytes at the
                exchange_all_to_all rate and the all-gather phase's at the exchange_all_gather
                rate (each measured at the phase's size; the exchanges of fp4quant.comm.exchange

@@ -119,3 +119,15 @@ def test_a_run_passes_the_dilation_to_the_ranks_and_records_the_latency_measured
     # a sleep never ends early: each dilated all-reduce lasts at least its 2 injected latencies
     assert probe["dilated"]["min_s"] >= 2 * injected
     assert probe["expected_added_s"] == pytest.approx(2 * injected)
+
+
+@needs_cluster
+def test_a_run_without_added_latency_records_why_it_did_not_probe_it(tmp_path):
+    job, seen, record = tmp_path / "job.py", tmp_path / "seen.json", tmp_path / "rec.json"
+    job.write_text(JOB)
+    code = cluster_main(["run", "--rate-mbit", "100", "--record", str(record), "--timeout", "400", "--",
+                         str(job), str(seen)])
+    assert code == 0
+    rec = json.loads(record.read_text())
+    assert rec["dilation"]["latency_injected_s"] == 0.0 and rec["link_latency_ms"] == 0.0
+    assert rec["measured_latency_s"] == {"skipped": "no latency added (neither injected nor shaped)"}

@@ -43,28 +43,30 @@ rule cluster_collectives:
 
 
 # The link alone (nothing dilated) on the same calibrated link: the rate by size of gloo's ring
-# all_reduce and of the compressed collectives' exchanges (fp4quant.comm.exchange), from which fp4quant.perfmodel.allreduce predicts the emulated all-reduce's speedup at
-# the largest collective size (at 64 MiB its BF16 ring sends 64 MiB a rank, its two-shot
-# phases 9.5 MB, or 0.6 MB a chunk).
+# all_reduce and of the compressed collectives' exchanges (fp4quant.comm.exchange), from which
+# fp4quant.perfmodel.allreduce predicts the emulated all-reduce's speedup at the largest
+# collective size (at 64 MiB its BF16 ring sends 64 MiB a rank, its two-shot phases 9.5 MB,
+# or 0.6 MB a chunk).  Both up to a quarter of that size: the ring's rate per byte is flat by
+# then (4.911 MB/s at 16 MiB, 4.928 at 64 MiB at efe567a on the 2-core EPYC), and its 64 MiB
+# calls (80 s of the run) would time the very all-reduce that is predicted.
 rule cluster_transfers:
     input:
         cal=rules.cluster_calibration.output,
     output:
-        ring=f"{CDIR}/transfers_ring.csv",  # all_reduce, up to the whole all-reduce's bytes
-        phases=f"{CDIR}/transfers.csv",  # two-shot's primitives, up to a quarter of them (a phase is 0.14)
+        ring=f"{CDIR}/transfers_ring.csv",  # all_reduce, up to a quarter of the all-reduce's bytes
+        phases=f"{CDIR}/transfers.csv",  # two-shot's primitives, as far (a phase is 0.14 of them)
         record=f"{CDIR}/transfers.cluster.json",
     log:
         f"{OUT}/logs/cluster_transfers.log",
     params:
-        ring=" ".join(str(s) for s in TRANSFER_SIZES),
-        phases=" ".join(str(s) for s in TRANSFER_SIZES if s <= PREDICTED_SIZE // 4) or str(PREDICTED_SIZE // 4),
+        sizes=" ".join(str(s) for s in TRANSFER_SIZES if s <= PREDICTED_SIZE // 4) or str(PREDICTED_SIZE // 4),
         run=f"{PY} -m fp4quant.cluster run --nodes {NODES} --link-only",
     threads: workflow.cores
     shell:
         "({params.run} --calibration {input.cal} --record {output.record} -- -m fp4quant.bench.transfers"
-        " --out {output.ring} --iters 5 --sizes {params.ring} --primitives all_reduce"
+        " --out {output.ring} --iters 5 --sizes {params.sizes} --primitives all_reduce"
         " && {params.run} --calibration {input.cal} -- -m fp4quant.bench.transfers --out {output.phases} --iters 5"
-        " --sizes {params.phases} --primitives exchange_all_to_all exchange_all_gather) > {log} 2>&1"
+        " --sizes {params.sizes} --primitives exchange_all_to_all exchange_all_gather) > {log} 2>&1"
 
 
 rule allreduce_prediction:
