@@ -187,15 +187,11 @@ def main() -> int:
                           "nvcc": dataclasses.asdict(plan.nvcc) if plan and plan.nvcc else None,
                           "pip_nvcc": plan.pip_nvcc if plan else []}, indent=2))
         return 0
-    # --no-compile: byte-compiling every module of torch and the dependencies up front took
-    # longer than the install itself (torch: 27 s against 9 s on the 2-core VM); Python
-    # compiles what is imported, once, on first use
-    install = [*pip, "install", "--quiet", "--no-compile"]
-    run(*install, "setuptools>=64", "wheel", "ninja")
-    run(*install, *torch_args)
+    run(*pip, "install", "--quiet", "setuptools>=64", "wheel", "ninja")
+    run(*pip, "install", "--quiet", *torch_args)
     if plan and plan.pip_nvcc:
-        run(*install, *plan.pip_nvcc)
-    run(*install, "--no-build-isolation", "-e", f".[{args.extras}]")
+        run(*pip, "install", "--quiet", *plan.pip_nvcc)
+    run(*pip, "install", "--quiet", "--no-build-isolation", "-e", f".[{args.extras}]")
     return 0
 
 
