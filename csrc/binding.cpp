@@ -146,6 +146,14 @@ QuantizeArgs quantize_args(const at::Tensor& x, const Config& cfg, const c10::op
   return a;
 }
 
+// msgs as the kernels read them (contiguous), checked to hold messages of n values under cfg.
+at::Tensor checked_messages(const at::Tensor& msgs_in, int64_t n, const Config& cfg, const char* op) {
+  TORCH_CHECK(n >= 0, "fp4quant.", op, ": n must be >= 0, got ", n);
+  at::Tensor msgs = msgs_in.contiguous();
+  check_messages(msgs, make_layout(cfg, n), "msgs");
+  return msgs;
+}
+
 // The arguments of a decode of msgs into out, already (rows, n) of its dtype, contiguous.
 DequantizeArgs dequantize_args(const at::Tensor& msgs, int64_t n, const Config& cfg,
                                const c10::optional<at::Tensor>& signs, bool saturate, const at::Tensor& out) {
@@ -232,9 +240,7 @@ at::Tensor quantize(const at::Tensor& x_in, at::IntArrayRef config, const c10::o
 at::Tensor dequantize(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
                       const c10::optional<at::Tensor>& signs, at::ScalarType dtype, bool saturate) {
   const Config cfg = parse_config(config);
-  const at::Tensor msgs = msgs_in.contiguous();
-  TORCH_CHECK(n >= 0, "fp4quant.dequantize: n must be >= 0, got ", n);
-  check_messages(msgs, make_layout(cfg, n), "msgs");
+  const at::Tensor msgs = checked_messages(msgs_in, n, cfg, "dequantize");
   dtype_code(dtype, "dtype");
   const c10::DeviceGuard guard(msgs.device());
   at::Tensor out = at::empty({msgs.size(0), n}, msgs.options().dtype(dtype));
@@ -248,9 +254,7 @@ at::Tensor dequantize(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef conf
 void dequantize_into(const at::Tensor& msgs_in, int64_t n, at::IntArrayRef config,
                      const c10::optional<at::Tensor>& signs, bool saturate, at::Tensor& out) {
   const Config cfg = parse_config(config);
-  const at::Tensor msgs = msgs_in.contiguous();
-  TORCH_CHECK(n >= 0, "fp4quant.dequantize_into: n must be >= 0, got ", n);
-  check_messages(msgs, make_layout(cfg, n), "msgs");
+  const at::Tensor msgs = checked_messages(msgs_in, n, cfg, "dequantize_into");
   TORCH_CHECK(out.device() == msgs.device(), "fp4quant.dequantize_into: out is on ", out.device(),
               " but msgs are on ", msgs.device());
   TORCH_CHECK(out.dim() == 2 && out.size(0) == msgs.size(0) && out.size(1) == n,

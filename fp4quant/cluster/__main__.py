@@ -190,7 +190,8 @@ def main(argv=None) -> int:
     r.add_argument("--port", type=int, default=29600)
     r.add_argument("--timeout", type=float, default=None, help="seconds; past it every node is stopped (exit 124)")
     r.add_argument("--record", help="write what the job ran on (emulated or loopback, link, dilation, and the "
-                                  "latency of a 4 KiB all-reduce measured in the cluster first, where the runner adds latency) to this JSON")
+                                  "latency of a 4 KiB all-reduce measured in the cluster first, where the runner "
+                                  "adds latency) to this JSON")
     r.add_argument("--codec-bps", type=float, default=None,
                    help="the dilated target codec's bytes/s the ranks stretch each codec op to (0: off; "
                         "default: the calibration's codec_bytes_per_s, else off)")

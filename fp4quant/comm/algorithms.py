@@ -145,7 +145,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
         with rec.codec("dequantize") as op:
             # the shards hold sums: one that overflows the dtype is +-inf, as in dequantize_reduce
             dest = flat[ch.start : ch.start + ch.numel]
-            if ch.numel == world * S and dest.is_contiguous():  # no padding: decode in place
+            if ch.numel == world * S:  # no padding: decode in place (flat is contiguous)
                 ops.dequantize_rows(gathered.view(world, -1), S, config, dtype, saturate=world == 1,
                                     out=dest.view(world, S))
             else:
