@@ -84,29 +84,55 @@ inline void store_values(const float* buf, int64_t count, void* out, int32_t dty
   for (int64_t i = 0; i < count; i += 16) store16(_mm512_loadu_ps(buf + i), out, dtype, first + i, saturate, stream);
 }
 
+// The constants of the round-to-nearest E2M1 encoder, made once per span and held in
+// registers: built inside the loop, GCC rematerializes each broadcast (a mov and a
+// vpbroadcastd: ten instructions per micro-group, measured) instead of keeping it.
+struct E2m1Constants {
+  __m512i abs_mask, bias, cap, lo, hi, tie_bits, down_flag, mag_bits, one, sign_bit, low_byte, order;
+
+  static E2m1Constants make() {
+    E2m1Constants k;
+    k.abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+    k.bias = _mm512_set1_epi32(499);
+    k.cap = _mm512_set1_epi32(21);
+    k.lo = _mm512_setr_epi32(0, 17, 1, 1, 1, 1, 1, 2, 2, 2, 19, 3, 4, 4, 21, 5);
+    k.hi = _mm512_setr_epi32(6, 6, 23, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7);
+    k.tie_bits = _mm512_set1_epi32(0x1FFFFF);
+    k.down_flag = _mm512_set1_epi32(16);
+    k.mag_bits = _mm512_set1_epi32(15);
+    k.one = _mm512_set1_epi32(1);
+    k.sign_bit = _mm512_set1_epi32(8);
+    k.low_byte = _mm512_set1_epi16(0xFF);
+    k.order = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  // words 16..31: unused
+                               27, 19, 11, 3, 26, 18, 10, 2, 25, 17, 9, 1, 24, 16, 8, 0);
+    // opaque to the optimizer from here on: it cannot rebuild them, so it keeps them
+    __asm__("" : "+v"(k.abs_mask), "+v"(k.bias), "+v"(k.cap), "+v"(k.lo), "+v"(k.hi), "+v"(k.tie_bits));
+    __asm__("" : "+v"(k.down_flag), "+v"(k.mag_bits), "+v"(k.one), "+v"(k.sign_bit), "+v"(k.low_byte), "+v"(k.order));
+    return k;
+  }
+};
+
 // E2M1 magnitude (round to nearest even, saturating) of |v| by table: every tie point of
 // e2m1_nearest_mag (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) starts a quarter of an octave, so
 // the exponent and top two mantissa bits name the step, except exactly at a tie point that
 // rounds down (">": 0.25, 1.25, 2.5, 5), where the table's flag (16) takes one off.
-inline __m512i e2m1_nearest_mag(__m512i abs_bits) {
+inline __m512i e2m1_nearest_mag(__m512i abs_bits, const E2m1Constants& k) {
   // index: quarter-octaves from 0.25 (1) up, 0 below, 21 from 8 on
   const __m512i key = _mm512_srli_epi32(abs_bits, 21);
-  const __m512i idx = _mm512_min_epu16(_mm512_subs_epu16(key, _mm512_set1_epi32(499)), _mm512_set1_epi32(21));
-  const __m512i lo = _mm512_setr_epi32(0, 17, 1, 1, 1, 1, 1, 2, 2, 2, 19, 3, 4, 4, 21, 5);
-  const __m512i hi = _mm512_setr_epi32(6, 6, 23, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7);
-  const __m512i entry = _mm512_permutex2var_epi32(lo, idx, hi);
-  const __mmask16 at_tie = _mm512_testn_epi32_mask(abs_bits, _mm512_set1_epi32(0x1FFFFF));
-  const __mmask16 down = _mm512_mask_test_epi32_mask(at_tie, entry, _mm512_set1_epi32(16));
-  const __m512i mag = _mm512_and_si512(entry, _mm512_set1_epi32(15));
-  return _mm512_mask_sub_epi32(mag, down, mag, _mm512_set1_epi32(1));
+  const __m512i idx = _mm512_min_epu16(_mm512_subs_epu16(key, k.bias), k.cap);
+  const __m512i entry = _mm512_permutex2var_epi32(k.lo, idx, k.hi);
+  const __mmask16 at_tie = _mm512_testn_epi32_mask(abs_bits, k.tie_bits);
+  const __mmask16 down = _mm512_mask_test_epi32_mask(at_tie, entry, k.down_flag);
+  const __m512i mag = _mm512_and_si512(entry, k.mag_bits);
+  return _mm512_mask_sub_epi32(mag, down, mag, k.one);
 }
 
 // The FP4 code of each lane of the finite micro-group y scaled by r, round-to-nearest-even:
 // (sign >> 28 & 8) | magnitude, one per 32-bit lane.
-inline __m512i e2m1_nearest_code_lanes(__m512 y, float r) {
+inline __m512i e2m1_nearest_code_lanes(__m512 y, float r, const E2m1Constants& k) {
   const __m512i v = _mm512_castps_si512(_mm512_mul_ps(y, _mm512_set1_ps(r)));
-  const __m512i mag = e2m1_nearest_mag(_mm512_and_si512(v, _mm512_set1_epi32(0x7FFFFFFF)));
-  return _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 28), _mm512_set1_epi32(8), mag, 0xEA);
+  const __m512i mag = e2m1_nearest_mag(_mm512_and_si512(v, k.abs_mask), k);
+  return _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 28), k.sign_bit, mag, 0xEA);
 }
 
 // The codes of one micro-group (from e2m1_nearest_code_lanes), packed low nibble first into 8 bytes.
@@ -120,19 +146,19 @@ inline void store_codes(__m512i codes, uint8_t* out) {
 // packs and one word permute (AVX512BW) in place of four narrowing stores: narrowed to bytes,
 // value m = 4L + j of group g sits at byte 16L + 4g + j (L: 128-bit lane); each even value's
 // word then ORs in its odd neighbour a nibble up; narrowed again, pair h of lane L of group g
-// is byte 16L + 2g + h, so output word 4g + L (bytes 8g + 2L + h) is word 8L + g.
-inline void store_codes4(__m512i a, __m512i b, __m512i c, __m512i d, uint8_t* out) {
+// is byte 16L + 2g + h, so output word 4g + L (bytes 8g + 2L + h) is word 8L + g (k.order).
+inline void store_codes4(__m512i a, __m512i b, __m512i c, __m512i d, uint8_t* out, const E2m1Constants& k) {
   const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(a, b), _mm512_packus_epi32(c, d));
-  const __m512i pairs = _mm512_and_si512(_mm512_or_si512(bytes, _mm512_srli_epi16(bytes, 4)), _mm512_set1_epi16(0xFF));
+  const __m512i pairs = _mm512_and_si512(_mm512_or_si512(bytes, _mm512_srli_epi16(bytes, 4)), k.low_byte);
   const __m512i narrow = _mm512_packus_epi16(pairs, pairs);
-  const __m512i order = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  // words 16..31: unused
-                                         27, 19, 11, 3, 26, 18, 10, 2, 25, 17, 9, 1, 24, 16, 8, 0);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_castsi512_si256(_mm512_permutexvar_epi16(order, narrow)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_castsi512_si256(_mm512_permutexvar_epi16(k.order, narrow)));
 }
 
 // FP4 codes of one finite 16-value micro-group y scaled by r, round-to-nearest-even, packed
 // low nibble first into 8 bytes.
-inline void e2m1_nearest_codes(__m512 y, float r, uint8_t* out) { store_codes(e2m1_nearest_code_lanes(y, r), out); }
+inline void e2m1_nearest_codes(__m512 y, float r, uint8_t* out, const E2m1Constants& k) {
+  store_codes(e2m1_nearest_code_lanes(y, r, k), out);
+}
 
 inline __m512i mix32(__m512i x) {
   x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
@@ -264,8 +290,10 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
   const int64_t micros = len / 16;  // at most 4096
   // the micro-scales of the whole span first: their divisions (a chain of three per 16
   // micro-groups) are then independent of each other and overlap
-  alignas(64) static thread_local float r[4096 + 16];
-  static thread_local uint16_t finite_of[256 + 1];  // finite mask of micro-groups 16j .. 16j+15
+  // on the stack, not thread_local: in a shared library each thread_local access is a call
+  // (__tls_get_addr), and a call in the loop spills every register it holds (measured)
+  alignas(64) float r[4096 + 16];
+  uint16_t finite_of[256 + 1];  // finite mask of micro-groups 16j .. 16j+15
   for (int64_t j0 = 0; j0 < micros; j0 += 16) {
     const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
     alignas(64) float amax[16];
@@ -274,6 +302,7 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
     e4m3_micro_scales(amax, finite, c, cfg.coarse != kCoarseNone, cfg.scale_round, scales + j0, r + j0, count);
     finite_of[j0 / 16] = finite;
   }
+  const E2m1Constants K = E2m1Constants::make();
   auto is_finite = [&](int64_t k) { return (finite_of[k / 16] >> (k % 16)) & 1u; };
   auto one = [&](int64_t k) {
     uint8_t* out = codes + 8 * k;
@@ -281,7 +310,7 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
       const __m512 u = uniforms(key, ctr0 + uint64_t(16 * k));
       e2m1_stochastic_codes(_mm512_loadu_ps(b + 16 * k), r[k], u, out);
     } else if (is_finite(k)) {
-      e2m1_nearest_codes(_mm512_loadu_ps(b + 16 * k), r[k], out);
+      e2m1_nearest_codes(_mm512_loadu_ps(b + 16 * k), r[k], out, E2m1Constants::make());  // not K: kept out of memory
     } else {
       std::memset(out, 0, 8);  // the non-finite code of e2m1
     }
@@ -290,10 +319,10 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
   for (; k + 4 <= micros; k += 4) {
     // four finite micro-groups rounded to nearest at a time (4 divides 16: one mask word)
     if (cfg.rounding == kRoundNearest && ((finite_of[k / 16] >> (k % 16)) & 15u) == 15u) {
-      store_codes4(e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k), r[k]),
-                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 16), r[k + 1]),
-                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 32), r[k + 2]),
-                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 48), r[k + 3]), codes + 8 * k);
+      store_codes4(e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k), r[k], K),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 16), r[k + 1], K),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 32), r[k + 2], K),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 48), r[k + 3], K), codes + 8 * k, K);
       continue;
     }
     for (int64_t i = k; i < k + 4; ++i) one(i);

@@ -62,13 +62,12 @@ inline float span_maxima_t(const void* v, int64_t len, uint32_t* maxima) {
 }
 
 // Pass two: the micro-scales and codes of the span's len values v (their maxima from pass
-// one), message values first .. first+len-1, normalized by 2**-e under the coarse scale c,
-// into msg.  r: len / 16 floats of scratch; `ahead`: values of the span kAheadSpans later
-// to fetch meanwhile.
-template <int32_t dtype>
+// one), message values first .. first+len-1, normalized by 2**-e under the coarse scale c
+// (`normalize`: cfg has a coarse scale), into msg.  r: len / 16 floats of scratch; `ahead`:
+// values of the span kAheadSpans later to fetch meanwhile.
+template <int32_t dtype, bool normalize>
 inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const void* v, int64_t first, int64_t len,
                                  int64_t ahead, int e, float c, uint8_t* msg, const uint32_t* maxima, float* r) {
-  const bool normalize = cfg.coarse != kCoarseNone;
   const __m512 p = _mm512_set1_ps(pow2(-e));
   uint8_t* scales = msg + lay.micro_off + first / 16;
   uint8_t* codes = msg + lay.codes_off + first / 2;
@@ -85,23 +84,25 @@ inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const voi
   // the codes, four micro-groups at a time, while the next span is fetched
   // (the address of a later span only where the row has one)
   const char* next = ahead > 0 ? static_cast<const char*>(v) + kAheadSpans * len * int64_t(sizeof(Value<dtype>)) : nullptr;
+  const E2m1Constants K = E2m1Constants::make();
   auto y = [&](int64_t i) {
     const __m512 x = load_input<dtype>(v, 16 * i);
     return normalize ? _mm512_mul_ps(x, p) : x;
   };
   for (int64_t i = 0; i < len / 16; i += 4) {
     for (int64_t k = i; k < i + 4; ++k)
-      if (16 * k < ahead) _mm_prefetch(next + 16 * k * int64_t(sizeof(Value<dtype>)), _MM_HINT_T0);
+      if (16 * k < ahead) _mm_prefetch(next + 16 * k * int64_t(sizeof(Value<dtype>)), _MM_HINT_T1);
     const __m512i m = _mm512_maskz_loadu_epi32(0xF, maxima + i);  // these four only: the array may end here
     const __mmask16 finite = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x7F800000)) & 15u;
     uint8_t* out = codes + 8 * i;
     if (finite == 15u) {
-      store_codes4(e2m1_nearest_code_lanes(y(i), r[i]), e2m1_nearest_code_lanes(y(i + 1), r[i + 1]),
-                   e2m1_nearest_code_lanes(y(i + 2), r[i + 2]), e2m1_nearest_code_lanes(y(i + 3), r[i + 3]), out);
+      store_codes4(e2m1_nearest_code_lanes(y(i), r[i], K), e2m1_nearest_code_lanes(y(i + 1), r[i + 1], K),
+                   e2m1_nearest_code_lanes(y(i + 2), r[i + 2], K), e2m1_nearest_code_lanes(y(i + 3), r[i + 3], K),
+                   out, K);
       continue;
     }
     for (int64_t k = 0; k < 4; ++k) {
-      if ((finite >> k) & 1u) e2m1_nearest_codes(y(i + k), r[i + k], out + 8 * k);
+      if ((finite >> k) & 1u) e2m1_nearest_codes(y(i + k), r[i + k], out + 8 * k, E2m1Constants::make());
       else std::memset(out + 8 * k, 0, 8);  // the non-finite code of e2m1
     }
   }
@@ -130,8 +131,9 @@ inline void quantize_span_direct_t(const Config& cfg, const Layout& lay, const v
     store_u32_le(msg + 4 * (first / cfg.group), f2u((c * pow2(e)) * sum_scale));
   }
   if (cfg.coarse == kCoarseTensor) e = tensor_e;
-  encode_span_direct_t<dtype>(cfg, lay, v, first, len, ahead, e, c, msg, maxima,
-                              reinterpret_cast<float*>(scratch + len / 16));
+  float* r = reinterpret_cast<float*>(scratch + len / 16);
+  if (cfg.coarse == kCoarseNone) encode_span_direct_t<dtype, false>(cfg, lay, v, first, len, ahead, e, c, msg, maxima, r);
+  else encode_span_direct_t<dtype, true>(cfg, lay, v, first, len, ahead, e, c, msg, maxima, r);
 }
 
 // quantize_span_direct_t for values of the dtype: the span of the row x at first .. first+len-1

@@ -195,38 +195,67 @@ struct FwhtOps {
   bool dst_stream = false;
 };
 
+// A plan: what a fused transform does, fixed at compile time for the callers' common cases, so
+// that its passes test nothing per register (each FwhtOps test costs a load and a branch in
+// every register of every pass otherwise; measured 30% of the transform's time on Zen 4).
+// kAny: read FwhtOps at run time (every other case).  Src, Dst: kBuffer (b itself) or a dtype.
+constexpr int kAny = -2;
+constexpr int kBuffer = -1;
+enum PlanFlag : int { kPlanPre = 1, kPlanPreSigns = 2, kPlanPostSigns = 4, kPlanF = 8, kPlanAmax = 16 };
+
+template <int Src, int Flags, int Dst>
+struct Plan {
+  static constexpr int src = Src, flags = Flags, dst = Dst;
+  // whether flag f is on: from the plan, or from the run-time value when the plan is kAny
+  static constexpr bool on(int f, bool run_time) { return Flags == kAny ? run_time : (Flags & f) != 0; }
+};
+using AnyPlan = Plan<kAny, kAny, kAny>;
+
 // The last pass's store of the register at b + at: to b, or converted to o.dst.
+template <class P>
 inline void store_result(float* b, int64_t at, __m512 v, const FwhtOps& o) {
-  if (o.dst) store16(v, o.dst, o.dst_dtype, at, o.dst_saturate, o.dst_stream);
-  else _mm512_storeu_ps(b + at, v);
+  if constexpr (P::dst == kBuffer) {
+    _mm512_storeu_ps(b + at, v);
+  } else if constexpr (P::dst == kAny) {
+    if (o.dst) store16(v, o.dst, o.dst_dtype, at, o.dst_saturate, o.dst_stream);
+    else _mm512_storeu_ps(b + at, v);
+  } else {
+    store16(v, o.dst, P::dst, at, o.dst_saturate, o.dst_stream);
+  }
 }
 
 // 16 values from index i of the first pass's source, as floats.
+template <class P>
 inline __m512 load_source(const FwhtOps& o, const float* b, int64_t i) {
-  return o.src ? load_any(o.src, o.src_dtype, i) : _mm512_loadu_ps(b + i);
+  if constexpr (P::src == kBuffer) return _mm512_loadu_ps(b + i);
+  else if constexpr (P::src == kAny) return o.src ? load_any(o.src, o.src_dtype, i) : _mm512_loadu_ps(b + i);
+  else return load_input<P::src>(o.src, i);
 }
 
+template <class P>
 inline __m512 before(__m512 v, const FwhtOps& o, int64_t at) {
-  if (o.pre_on) v = _mm512_mul_ps(v, _mm512_set1_ps(o.pre));
-  if (o.pre_signs) v = _mm512_mul_ps(v, _mm512_loadu_ps(o.pre_signs + at));
+  if (P::on(kPlanPre, o.pre_on)) v = _mm512_mul_ps(v, _mm512_set1_ps(o.pre));
+  if (P::on(kPlanPreSigns, o.pre_signs != nullptr)) v = _mm512_mul_ps(v, _mm512_loadu_ps(o.pre_signs + at));
   return v;
 }
 
+template <class P>
 inline __m512 after(__m512 v, const FwhtOps& o, int64_t at, __m512i& m) {
   v = _mm512_mul_ps(v, _mm512_set1_ps(o.post));
-  if (o.post_signs) v = _mm512_mul_ps(v, _mm512_loadu_ps(o.post_signs + at));
-  if (o.f_on) v = _mm512_mul_ps(v, _mm512_set1_ps(o.f));
-  if (o.amax) m = _mm512_max_epu32(m, abs_bits(v));
+  if (P::on(kPlanPostSigns, o.post_signs != nullptr)) v = _mm512_mul_ps(v, _mm512_loadu_ps(o.post_signs + at));
+  if (P::on(kPlanF, o.f_on)) v = _mm512_mul_ps(v, _mm512_set1_ps(o.f));
+  if (P::on(kPlanAmax, o.amax)) m = _mm512_max_epu32(m, abs_bits(v));
   // one line of the span fetched ahead per register stored (in the last pass only: fetching
   // during the first as well was slower, measured)
-  if (4 * at < o.ahead_bytes) _mm_prefetch(o.ahead + 4 * at, _MM_HINT_T0);
+  if (4 * at < o.ahead_bytes) _mm_prefetch(o.ahead + 4 * at, _MM_HINT_T1);
   return v;
 }
 
 // One pass over n values of the stages h, 2h, .. h * (R/2) (h >= 16), R registers at a time;
-// `last`: the stages end here, then the `after` operations.
-template <int R, bool last>
-inline void stages_pass(float* b, int64_t n, int64_t h, const FwhtOps& o, __m512i& m) {
+// `last`: the stages end here, then the `after` operations.  o by value: a copy the stores
+// to b cannot alias, so its fields stay in registers.
+template <class P, int R, bool last>
+inline void stages_pass(float* b, int64_t n, int64_t h, const FwhtOps o, __m512i& m) {
   for (int64_t i = 0; i < n; i += R * h) {
     for (int64_t j = 0; j < h; j += 16) {
       __m512 r[R];
@@ -235,7 +264,7 @@ inline void stages_pass(float* b, int64_t n, int64_t h, const FwhtOps& o, __m512
       stages_across<R>(r);
 #pragma GCC unroll 16
       for (int k = 0; k < R; ++k) {
-        if (last) store_result(b, i + j + k * h, after(r[k], o, i + j + k * h, m), o);
+        if (last) store_result<P>(b, i + j + k * h, after<P>(r[k], o, i + j + k * h, m), o);
         else _mm512_storeu_ps(b + i + j + k * h, r[k]);
       }
     }
@@ -243,20 +272,61 @@ inline void stages_pass(float* b, int64_t n, int64_t h, const FwhtOps& o, __m512
 }
 
 // The first pass: R registers (R * 16 values) at a time, the stages of strides 1 .. R * 8.
-template <int R, bool last>
-inline void first_pass(float* b, int64_t n, const FwhtOps& o, __m512i& m) {
+template <class P, int R, bool last>
+inline void first_pass(float* b, int64_t n, const FwhtOps o, __m512i& m) {
   for (int64_t i = 0; i < n; i += 16 * R) {
     __m512 r[R];
 #pragma GCC unroll 16
-    for (int k = 0; k < R; ++k) r[k] = before(load_source(o, b, i + 16 * k), o, i + 16 * k);
+    for (int k = 0; k < R; ++k) r[k] = before<P>(load_source<P>(o, b, i + 16 * k), o, i + 16 * k);
     stages_in_register<R>(r);
     stages_across<R>(r);
 #pragma GCC unroll 16
     for (int k = 0; k < R; ++k) {
-      if (last) store_result(b, i + 16 * k, after(r[k], o, i + 16 * k, m), o);
+      if (last) store_result<P>(b, i + 16 * k, after<P>(r[k], o, i + 16 * k, m), o);
       else _mm512_storeu_ps(b + i + 16 * k, r[k]);
     }
   }
+}
+
+// fwht_fused under the plan P (o must agree with it).
+template <class P>
+inline float fwht_fused_t(float* b, int64_t n, const FwhtOps& o) {
+  __m512i m = _mm512_setzero_si512();
+  int64_t h = n <= 128 ? n : 256;  // the first pass's values: strides below h done
+  if (n == 256) first_pass<P, 16, true>(b, n, o, m);
+  if (n > 256) first_pass<P, 16, false>(b, n, o, m);
+  if (n == 128) first_pass<P, 8, true>(b, n, o, m);
+  if (n == 64) first_pass<P, 4, true>(b, n, o, m);
+  if (n == 32) first_pass<P, 2, true>(b, n, o, m);
+  if (n == 16) first_pass<P, 1, true>(b, n, o, m);
+  while (h < n) {
+    const int64_t left = n / h;  // strides h .. n/2 remain: log2(left) stages
+    const int radix = left >= 8 ? 8 : (left >= 4 ? 4 : 2);
+    if (radix == 8) left == 8 ? stages_pass<P, 8, true>(b, n, h, o, m) : stages_pass<P, 8, false>(b, n, h, o, m);
+    if (radix == 4) left == 4 ? stages_pass<P, 4, true>(b, n, h, o, m) : stages_pass<P, 4, false>(b, n, h, o, m);
+    if (radix == 2) stages_pass<P, 2, true>(b, n, h, o, m);
+    h *= radix;
+  }
+  if (!P::on(kPlanAmax, o.amax)) return 0.0f;
+  const float a = finite_or_unknown(m);
+  return a >= 0.0f ? a : finite_amax_masked(b, n);
+}
+
+// The plan of a quantize's transform (times 2**-e, the signs if any, then the amax: the
+// codec's forward step) reading the source Src, or the general plan.
+template <int Src>
+inline float fwht_forward(float* b, int64_t n, const FwhtOps& o) {
+  if (o.pre_signs) return fwht_fused_t<Plan<Src, kPlanPre | kPlanPreSigns | kPlanAmax, kBuffer>>(b, n, o);
+  return fwht_fused_t<Plan<Src, kPlanPre | kPlanAmax, kBuffer>>(b, n, o);
+}
+
+// The plan of a dequantize's inverse transform (the signs and 2**E if any) storing to Dst.
+template <int Dst>
+inline float fwht_inverse(float* b, int64_t n, const FwhtOps& o) {
+  if (o.post_signs && o.f_on) return fwht_fused_t<Plan<kBuffer, kPlanPostSigns | kPlanF, Dst>>(b, n, o);
+  if (o.post_signs) return fwht_fused_t<Plan<kBuffer, kPlanPostSigns, Dst>>(b, n, o);
+  if (o.f_on) return fwht_fused_t<Plan<kBuffer, kPlanF, Dst>>(b, n, o);
+  return fwht_fused_t<Plan<kBuffer, 0, Dst>>(b, n, o);
 }
 
 // The FWHT on n values (a power of two >= 16) with the operations around it fused into few
@@ -264,27 +334,19 @@ inline void first_pass(float* b, int64_t n, const FwhtOps& o, __m512i& m) {
 // butterflies) in turn.  The first pass does strides 1 .. 128 (256 values, 16 registers), then
 // each pass up to 8 strides: for 2048 values two passes, not three (4% faster on a Xeon with
 // AVX-512; the radix-16 pass after an 8-register first one was slower).  Returns the finite
-// amax of the result when o.amax.
+// amax of the result when o.amax.  The codec's two cases run under a compile-time plan.
 inline float fwht_fused(float* b, int64_t n, const FwhtOps& o) {
-  __m512i m = _mm512_setzero_si512();
-  int64_t h = n <= 128 ? n : 256;  // the first pass's values: strides below h done
-  if (n == 256) first_pass<16, true>(b, n, o, m);
-  if (n > 256) first_pass<16, false>(b, n, o, m);
-  if (n == 128) first_pass<8, true>(b, n, o, m);
-  if (n == 64) first_pass<4, true>(b, n, o, m);
-  if (n == 32) first_pass<2, true>(b, n, o, m);
-  if (n == 16) first_pass<1, true>(b, n, o, m);
-  while (h < n) {
-    const int64_t left = n / h;  // strides h .. n/2 remain: log2(left) stages
-    const int radix = left >= 8 ? 8 : (left >= 4 ? 4 : 2);
-    if (radix == 8) left == 8 ? stages_pass<8, true>(b, n, h, o, m) : stages_pass<8, false>(b, n, h, o, m);
-    if (radix == 4) left == 4 ? stages_pass<4, true>(b, n, h, o, m) : stages_pass<4, false>(b, n, h, o, m);
-    if (radix == 2) stages_pass<2, true>(b, n, h, o, m);
-    h *= radix;
-  }
-  if (!o.amax) return 0.0f;
-  const float a = finite_or_unknown(m);
-  return a >= 0.0f ? a : finite_amax_masked(b, n);
+  const bool forward = o.pre_on && o.amax && !o.post_signs && !o.f_on && !o.dst;
+  if (forward && !o.src) return fwht_forward<kBuffer>(b, n, o);
+  if (forward && o.src_dtype == kF32) return fwht_forward<kF32>(b, n, o);
+  if (forward && o.src_dtype == kBF16) return fwht_forward<kBF16>(b, n, o);
+  if (forward && o.src_dtype == kF16) return fwht_forward<kF16>(b, n, o);
+  const bool inverse = !o.pre_on && !o.pre_signs && !o.amax && !o.src;
+  if (inverse && !o.dst) return fwht_inverse<kBuffer>(b, n, o);
+  if (inverse && o.dst_dtype == kF32) return fwht_inverse<kF32>(b, n, o);
+  if (inverse && o.dst_dtype == kBF16) return fwht_inverse<kBF16>(b, n, o);
+  if (inverse && o.dst_dtype == kF16) return fwht_inverse<kF16>(b, n, o);
+  return fwht_fused_t<AnyPlan>(b, n, o);
 }
 
 }  // namespace avx512
