@@ -102,7 +102,7 @@ inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const voi
       continue;
     }
     for (int64_t k = 0; k < 4; ++k) {
-      if ((finite >> k) & 1u) e2m1_nearest_codes(y(i + k), r[i + k], out + 8 * k, E2m1Constants::make());
+      if ((finite >> k) & 1u) e2m1_nearest_codes(y(i + k), r[i + k], out + 8 * k, K);
       else std::memset(out + 8 * k, 0, 8);  // the non-finite code of e2m1
     }
   }
