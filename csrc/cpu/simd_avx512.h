@@ -86,8 +86,9 @@ inline void store_values(const float* buf, int64_t count, void* out, int32_t dty
 
 // The constants of the round-to-nearest E2M1 encoder, made once per span: built inside the
 // loop, GCC rematerializes each broadcast per micro-group (a mov and a vpbroadcastd, ten
-// instructions of ~25, measured); made once and hidden from the optimizer, they stay in
-// registers or are reloaded from the stack (one load, shared by four micro-groups).
+// instructions of ~25, measured); made once and hidden from the optimizer (pin), they are
+// reloaded from the stack once per four micro-groups, or, pinned again at the top of each
+// iteration of a loop without a cold path, kept in registers.
 struct E2m1Constants {
   __m512i abs_mask, bias, cap, lo, hi, tie_bits, down_flag, mag_bits, one, sign_bit, low_byte, order;
 
@@ -106,10 +107,14 @@ struct E2m1Constants {
     k.low_byte = _mm512_set1_epi16(0xFF);
     k.order = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  // words 16..31: unused
                                27, 19, 11, 3, 26, 18, 10, 2, 25, 17, 9, 1, 24, 16, 8, 0);
-    // opaque to the optimizer from here on: it cannot rebuild them
-    __asm__("" : "+v"(k.abs_mask), "+v"(k.bias), "+v"(k.cap), "+v"(k.lo), "+v"(k.hi), "+v"(k.tie_bits));
-    __asm__("" : "+v"(k.down_flag), "+v"(k.mag_bits), "+v"(k.one), "+v"(k.sign_bit), "+v"(k.low_byte), "+v"(k.order));
+    k.pin();
     return k;
+  }
+
+  // opaque to the optimizer from here on: it cannot rebuild them, only keep or spill them
+  void pin() {
+    __asm__("" : "+v"(abs_mask), "+v"(bias), "+v"(cap), "+v"(lo), "+v"(hi), "+v"(tie_bits));
+    __asm__("" : "+v"(down_flag), "+v"(mag_bits), "+v"(one), "+v"(sign_bit), "+v"(low_byte), "+v"(order));
   }
 };
 
@@ -295,6 +300,7 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
   // (__tls_get_addr), and a call in the loop spills every register it holds (measured)
   alignas(64) float r[4096 + 16];
   uint16_t finite_of[256 + 1];  // finite mask of micro-groups 16j .. 16j+15
+  bool all_finite = true;
   for (int64_t j0 = 0; j0 < micros; j0 += 16) {
     const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
     alignas(64) float amax[16];
@@ -302,8 +308,19 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
     group_amax(b + 16 * j0, count, amax, finite);
     e4m3_micro_scales(amax, finite, c, cfg.coarse != kCoarseNone, cfg.scale_round, scales + j0, r + j0, count);
     finite_of[j0 / 16] = finite;
+    all_finite = all_finite && finite == __mmask16((1u << count) - 1u);
   }
-  const E2m1Constants K = E2m1Constants::make();
+  E2m1Constants K = E2m1Constants::make();
+  if (all_finite && cfg.rounding == kRoundNearest && micros % 4 == 0) {  // the common case: no test per micro-group
+    for (int64_t k = 0; k < micros; k += 4) {
+      K.pin();
+      store_codes4(e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k), r[k], K),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 16), r[k + 1], K),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 32), r[k + 2], K),
+                   e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 48), r[k + 3], K), codes + 8 * k, K);
+    }
+    return;
+  }
   auto is_finite = [&](int64_t k) { return (finite_of[k / 16] >> (k % 16)) & 1u; };
   auto one = [&](int64_t k) {
     uint8_t* out = codes + 8 * k;

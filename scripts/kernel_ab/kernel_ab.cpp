@@ -1,0 +1,92 @@
+// Side by side, in one process: the AVX-512 CPU quantize of two builds of csrc/ (A and B),
+// called alternately on the same input, serially, so that whatever else the machine does
+// slows both alike (on a shared VM, timing two builds in separate processes moved the same
+// code by +-20% between runs).  Built and run by kernel_ab.sh; exits 1 unless A and B write
+// the same message.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cpu/codec_cpu.h"
+
+namespace fp4q {
+namespace cpu {
+Kernels kernels_avx512_a();  // kernel_ab_a.cpp, kernel_ab_b.cpp: codec_avx512.cpp of each build
+Kernels kernels_avx512_b();
+}  // namespace cpu
+}  // namespace fp4q
+
+using namespace fp4q;
+
+static void serial(int64_t n, int64_t, cpu::RangeFn fn, void* ctx) { fn(ctx, 0, n); }
+
+int main(int argc, char** argv) {
+  const char* preset = argc > 1 ? argv[1] : "fp4quant";
+  const int64_t mib = argc > 2 ? atoll(argv[2]) : 1;
+  const int calls = argc > 3 ? atoi(argv[3]) : 400;
+  const int64_t n = mib << 18;  // float32 values
+  // the presets' configs (fp4quant.format.config.PRESETS) with an FWHT-free fast path or not
+  Config c{kE2M1, 16, 2048, kScaleE4M3, kCoarseGroup, kScaleNearest, 1, kRoundNearest, kPackWarp};
+  if (!strcmp(preset, "no_fwht")) {
+    c.fwht = 0;
+  } else if (!strcmp(preset, "nvfp4")) {
+    c.fwht = 0;
+    c.group = 16;
+    c.coarse = kCoarseTensor;
+  } else if (strcmp(preset, "fp4quant")) {
+    fprintf(stderr, "kernel_ab: preset must be fp4quant, no_fwht or nvfp4, got %s\n", preset);
+    return 2;
+  }
+  const Layout lay = make_layout(c, n);
+  std::vector<float> x(n), signs(c.group);
+  std::mt19937 gen(0);
+  std::normal_distribution<float> normal;
+  for (float& v : x) v = normal(gen);
+  for (float& s : signs) s = (gen() & 1) ? 1.0f : -1.0f;
+  std::vector<uint8_t> out_a(lay.nbytes), out_b(lay.nbytes);
+  auto args = [&](uint8_t* out) {
+    QuantizeArgs a{};
+    a.cfg = c;
+    a.lay = lay;
+    a.rows = 1;
+    a.x = x.data();
+    a.x_dtype = kF32;
+    a.x_row_stride = n;
+    a.out = out;
+    a.signs = c.fwht ? signs.data() : nullptr;
+    a.transform = true;
+    return a;
+  };
+  const cpu::Kernels ka = cpu::kernels_avx512_a(), kb = cpu::kernels_avx512_b();
+  if (!ka.quantize || !kb.quantize) {
+    fprintf(stderr, "kernel_ab: this CPU or compiler has no AVX-512 kernels\n");
+    return 2;
+  }
+  const QuantizeArgs qa = args(out_a.data()), qb = args(out_b.data());
+  ka.quantize(qa, serial);
+  kb.quantize(qb, serial);
+  if (out_a != out_b) {
+    printf("kernel_ab: A and B wrote different messages (%s, %lld MiB)\n", preset, (long long)mib);
+    return 1;
+  }
+  std::vector<double> ta, tb;
+  for (int i = 0; i < calls; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      const bool b = (k ^ (i & 1)) != 0;  // which goes first alternates too
+      const auto t0 = std::chrono::steady_clock::now();
+      (b ? kb : ka).quantize(b ? qb : qa, serial);
+      (b ? tb : ta).push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::sort(ta.begin(), ta.end());
+  std::sort(tb.begin(), tb.end());
+  const double bytes = 4.0 * n;
+  const double a_med = ta[ta.size() / 2], b_med = tb[tb.size() / 2];
+  printf("%s,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f\n", preset, (long long)mib, calls, bytes / a_med / 1e9,
+         bytes / ta[0] / 1e9, bytes / b_med / 1e9, bytes / tb[0] / 1e9, a_med / b_med, ta[0] / tb[0]);
+  return 0;
+}
