@@ -79,7 +79,9 @@ def register_transformers_styles(comm: CommConfig | str | None = None) -> list[s
         class Compressed(hf_base):
             """transformers' parameter sharding, fp4quant's compressed forward."""
 
-            def install_forward(self, module, mesh):
+            def install_forward(self, module, mesh, **context):
+                # context: what later transformers pass along (5.25: config, mesh_manager);
+                # the compressed forward needs only the module and the mesh
                 return ours._apply_forward(module, mesh)
 
         Compressed.__name__ = f"HF{type(ours).__name__}"
