@@ -197,7 +197,8 @@ struct FwhtOps {
 
 // A plan: what a fused transform does, fixed at compile time for the callers' common cases, so
 // that its passes test nothing per register (each FwhtOps test costs a load and a branch in
-// every register of every pass otherwise; measured 30% of the transform's time on Zen 4).
+// every register of every pass otherwise: removing them made fp4quant's quantize 1.44x
+// faster in cache on Zen 4, measured).
 // kAny: read FwhtOps at run time (every other case).  Src, Dst: kBuffer (b itself) or a dtype.
 constexpr int kAny = -2;
 constexpr int kBuffer = -1;

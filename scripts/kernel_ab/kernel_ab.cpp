@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   const int64_t mib = argc > 2 ? atoll(argv[2]) : 1;
   const int calls = argc > 3 ? atoi(argv[3]) : 400;
   const int64_t n = mib << 18;  // float32 values
-  // the presets' configs (fp4quant.format.config.PRESETS) with an FWHT-free fast path or not
+  // the three presets' configs, as fp4quant.format.config.PRESETS defines them
   Config c{kE2M1, 16, 2048, kScaleE4M3, kCoarseGroup, kScaleNearest, 1, kRoundNearest, kPackWarp};
   if (!strcmp(preset, "no_fwht")) {
     c.fwht = 0;
