@@ -5,6 +5,7 @@
 
 #if defined(__x86_64__)
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2,popcnt")
+#define FP4Q_AVX2 1  // the hand-written AVX2 pieces of simd_avx2.h
 #include "codec_generic.h"
 
 namespace fp4q {

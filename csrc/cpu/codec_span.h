@@ -7,6 +7,8 @@
 
 #if defined(FP4Q_AVX512)
 #include "simd_avx512.h"
+#elif defined(FP4Q_AVX2)
+#include "simd_avx2.h"
 #endif
 
 namespace fp4q {
@@ -102,6 +104,8 @@ inline void store_values(const float* buf, int64_t count, void* out, int32_t dty
 inline float finite_amax(const float* b, int64_t n) {
 #if defined(FP4Q_AVX512)
   if (n % 16 == 0) return avx512::finite_amax(b, n);
+#elif defined(FP4Q_AVX2)
+  if (n % 8 == 0) return avx2::finite_amax(b, n);
 #endif
   float m = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
@@ -129,6 +133,8 @@ inline void multiply(float* b, const float* s, int64_t n) {
 inline void butterflies(float* b, int64_t n) {
 #if defined(FP4Q_AVX512)
   if (n % 16 == 0) return avx512::butterflies(b, n);
+#elif defined(FP4Q_AVX2)
+  if (n >= 16 && (n & (n - 1)) == 0) return avx2::butterflies(b, n);
 #endif
   for (int64_t h = 1; h < n; h *= 2) {
     for (int64_t i = 0; i < n; i += 2 * h) {
@@ -218,6 +224,12 @@ inline void encode_prepared(const Config& cfg, const Layout& lay, const float* b
     return;
   }
 #endif
+#if defined(FP4Q_AVX2)
+  if (cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && M == 16 && cfg.rounding == kRoundNearest) {
+    avx2::encode_fp4_e4m3_span(cfg, b, S, c, msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2);
+    return;
+  }
+#endif
   const bool stochastic = cfg.rounding == kRoundStochastic;
   const uint32_t bad_code = element_nonfinite_code(cfg.element);
   uint32_t codes[64];  // codes of up to 64 values of one micro-group
@@ -294,6 +306,13 @@ inline void decode_span(const Config& cfg, const Layout& lay, const uint8_t* msg
   if (cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && M == 16) {
     avx512::decode_fp4_e4m3_span(msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2, S / 16, f, b,
                                  accumulate);
+    return;
+  }
+#endif
+#if defined(FP4Q_AVX2)
+  if (cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && M == 16) {
+    avx2::decode_fp4_e4m3_span(msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2, S / 16, f, b,
+                               accumulate);
     return;
   }
 #endif

@@ -1,4 +1,4 @@
-// Side by side, in one process: the AVX-512 CPU quantize of two builds of csrc/ (A and B),
+// Side by side, in one process: the CPU quantize (AVX-512 or AVX2) of two builds of csrc/ (A and B),
 // called alternately on the same input, serially, so that whatever else the machine does
 // slows both alike (on a shared VM, timing two builds in separate processes moved the same
 // code by +-20% between runs).  Built and run by kernel_ab.sh; exits 1 unless A and B write
@@ -15,8 +15,8 @@
 
 namespace fp4q {
 namespace cpu {
-Kernels kernels_avx512_a();  // kernel_ab_a.cpp, kernel_ab_b.cpp: codec_avx512.cpp of each build
-Kernels kernels_avx512_b();
+Kernels kernels_a();  // kernel_ab_a.cpp, kernel_ab_b.cpp: codec_<isa>.cpp of each build
+Kernels kernels_b();
 }  // namespace cpu
 }  // namespace fp4q
 
@@ -61,9 +61,9 @@ int main(int argc, char** argv) {
     a.transform = true;
     return a;
   };
-  const cpu::Kernels ka = cpu::kernels_avx512_a(), kb = cpu::kernels_avx512_b();
+  const cpu::Kernels ka = cpu::kernels_a(), kb = cpu::kernels_b();
   if (!ka.quantize || !kb.quantize) {
-    fprintf(stderr, "kernel_ab: this CPU or compiler has no AVX-512 kernels\n");
+    fprintf(stderr, "kernel_ab: this compiler built no kernels for the instruction set\n");
     return 2;
   }
   const QuantizeArgs qa = args(out_a.data()), qb = args(out_b.data());

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The AVX-512 CPU quantize of two commits side by side in one process (kernel_ab.cpp): each
-# commit's csrc/ compiled with the extension's flags, then, per preset and size, alternating
+# The CPU quantize of two commits side by side in one process (kernel_ab.cpp): each commit's
+# csrc/ compiled with the extension's flags, then, per preset and size, alternating
 # single-threaded calls on the same input; B's message must equal A's.
 #
-#   scripts/kernel_ab/kernel_ab.sh REV_A REV_B [OUT.csv|-] [SIZES_MIB] [PRESETS]
-#   (REV_B may be "worktree"; defaults: - (standard output), "1 64", "fp4quant no_fwht nvfp4")
+#   [ISA=avx512|avx2] scripts/kernel_ab/kernel_ab.sh REV_A REV_B [OUT.csv|-] [SIZES_MIB] [PRESETS]
+#   (REV_B may be "worktree"; defaults: avx512, - (standard output), "1 64", "fp4quant no_fwht nvfp4")
 #
 # Columns: preset, MiB, calls of each, A's median and fastest GB/s, B's, and B's speedup
 # (A's time over B's: median, fastest).
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n 2,11p "$0"; exit 2; }
+isa=${ISA:-avx512}
+case $isa in avx512|avx2) ;; *) echo "kernel_ab: ISA must be avx512 or avx2, got $isa" >&2; exit 2 ;; esac
 root=$(git rev-parse --show-toplevel)
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
@@ -22,13 +24,13 @@ for side in a b; do
   rev=$([ $side = a ] && echo "$1" || echo "$2")
   mkdir -p "$work/$side"
   if [ "$rev" = worktree ]; then cp -r "$root/csrc" "$work/$side/"; else git -C "$root" archive "$rev" csrc | tar -x -C "$work/$side"; fi
-  printf '#define kernels_avx512 kernels_avx512_%s\n#include "%s/csrc/cpu/codec_avx512.cpp"\n' $side "$work/$side" > "$work/kernel_ab_$side.cpp"
+  printf '#define kernels_%s kernels_%s\n#include "%s/csrc/cpu/codec_%s.cpp"\n' $isa $side "$work/$side" $isa > "$work/kernel_ab_$side.cpp"
   g++ $flags -I "$work/$side/csrc" -c "$work/kernel_ab_$side.cpp" -o "$work/$side.o" &
 done
 wait
 g++ $flags -I "$work/a/csrc" "$here/kernel_ab.cpp" "$work/a.o" "$work/b.o" -o "$work/kernel_ab"
 {
-  echo "# A=$(git -C "$root" rev-parse --short "$1") B=$([ "$2" = worktree ] && echo worktree || git -C "$root" rev-parse --short "$2") cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) date=$(date -u +%FT%TZ)"
+  echo "# isa=$isa A=$(git -C "$root" rev-parse --short "$1") B=$([ "$2" = worktree ] && echo worktree || git -C "$root" rev-parse --short "$2") cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) date=$(date -u +%FT%TZ)"
   echo "preset,mib,calls,a_gbps_median,a_gbps_best,b_gbps_median,b_gbps_best,speedup_median,speedup_best"
   for mib in $sizes; do for p in $presets; do "$work/kernel_ab" "$p" "$mib" "$([ "$mib" -ge 16 ] && echo 60 || echo 400)"; done; done
 } > "$work/result.csv"

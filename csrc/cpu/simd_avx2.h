@@ -1,0 +1,335 @@
+// AVX2 pieces of the CPU codec (included by codec_span.h in codec_avx2.cpp only): the FP4
+// codes with their E4M3 micro-scales, for CPUs without AVX-512 (AMD Zen 3 and earlier, Intel's
+// client cores).  Without them those CPUs ran the plain loops of codec_span.h, whose per-value
+// encoder GCC does not vectorize: 10x slower than the AVX-512 path.  Each computes exactly what
+// the scalar loop it replaces computes: the same IEEE operations on the same operands, eight
+// values per instruction.  One 16-value micro-group is two registers.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace fp4q {
+namespace cpu {
+namespace {
+namespace avx2 {
+
+inline __m256i abs_bits(__m256 v) { return _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7FFFFFFF)); }
+
+// Lane k: the largest |value| bits of micro-group k (16 floats at b + 16k), for 8 micro-groups;
+// compared as integers (the order of non-negative floats, +inf and then NaN above every
+// finite value).  The maxima of the two halves, then a transposing tree of 7 maxima.
+inline __m256i group_max_bits8(const float* b) {
+  __m256i m[8];
+  for (int k = 0; k < 8; ++k)
+    m[k] = _mm256_max_epu32(abs_bits(_mm256_loadu_ps(b + 16 * k)), abs_bits(_mm256_loadu_ps(b + 16 * k + 8)));
+  __m256i t[4];
+  for (int k = 0; k < 4; ++k)  // 128-bit halves: group 2k in lanes 0-3, 2k+1 in lanes 4-7
+    t[k] = _mm256_max_epu32(_mm256_permute2x128_si256(m[2 * k], m[2 * k + 1], 0x20),
+                            _mm256_permute2x128_si256(m[2 * k], m[2 * k + 1], 0x31));
+  // lane pairs: group 4k + j (j = 0, 2) in lanes j, j + 1 of half 0; 4k + j + 1 of half 1
+  const __m256i u0 = _mm256_max_epu32(_mm256_unpacklo_epi64(t[0], t[1]), _mm256_unpackhi_epi64(t[0], t[1]));
+  const __m256i u1 = _mm256_max_epu32(_mm256_unpacklo_epi64(t[2], t[3]), _mm256_unpackhi_epi64(t[2], t[3]));
+  const __m256 a = _mm256_castsi256_ps(u0), c = _mm256_castsi256_ps(u1);
+  // single lanes: half 0 holds groups 0, 2, 4, 6 and half 1 groups 1, 3, 5, 7
+  const __m256i v = _mm256_max_epu32(_mm256_castps_si256(_mm256_shuffle_ps(a, c, 0x88)),
+                                     _mm256_castps_si256(_mm256_shuffle_ps(a, c, 0xDD)));
+  return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// E4M3 micro-scales of 8 micro-groups from their maxima (fp4q::micro_scale for e4m3 scales;
+// simd_avx512.h's e4m3_micro_scales, eight lanes): t = (amax / 6) / c, clamped to [2**-6, 448]
+// and rounded onto the E4M3 grid; the decoded scale m is the rounded value itself; r = (1/c) /
+// m (or 1/m).  Non-finite groups (lanes not in `finite`, all ones) store the NaN byte.
+inline void e4m3_micro_scales8(__m256 amax, __m256i finite, float c, bool coarse, int32_t rule, uint8_t* stored,
+                               float* r, int count) {
+  __m256 t = _mm256_div_ps(amax, _mm256_set1_ps(6.0f));
+  if (coarse) t = c == 0.0f ? _mm256_setzero_ps() : _mm256_div_ps(t, _mm256_set1_ps(c));
+  const __m256 a = _mm256_min_ps(_mm256_set1_ps(448.0f), _mm256_max_ps(_mm256_set1_ps(0.015625f), t));
+  const __m256i a_exp = _mm256_srli_epi32(_mm256_castps_si256(a), 23);
+  const __m256 sp = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(a_exp, _mm256_set1_epi32(3)), 23));
+  // a / sp as a * (1 / sp): sp is a power of two in [2**-9, 2**5], its inverse exact
+  const __m256 inv_sp = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(257), a_exp), 23));
+  const __m256 idx = _mm256_mul_ps(a, inv_sp);
+  const __m256 lo = _mm256_round_ps(idx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256 frac = _mm256_sub_ps(idx, lo);
+  __m256 up;
+  if (rule == kScaleUp) {
+    up = _mm256_cmp_ps(frac, _mm256_setzero_ps(), _CMP_GT_OQ);
+  } else {
+    const __m256i one = _mm256_set1_epi32(1);
+    const __m256 odd = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_cvttps_epi32(lo), one), one));
+    const __m256 half = _mm256_set1_ps(0.5f);
+    up = _mm256_or_ps(_mm256_cmp_ps(frac, half, _CMP_GT_OQ), _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_EQ_OQ), odd));
+  }
+  const __m256 q = _mm256_min_ps(_mm256_set1_ps(448.0f),
+                                 _mm256_mul_ps(_mm256_add_ps(lo, _mm256_and_ps(up, _mm256_set1_ps(1.0f))), sp));
+  const __m256i qbits = _mm256_castps_si256(q);
+  // E4M3 byte of a normal value: biased exponent (e + 7) and the top three mantissa bits
+  const __m256i exp = _mm256_sub_epi32(_mm256_srli_epi32(qbits, 23), _mm256_set1_epi32(127 - 7));
+  __m256i bytes = _mm256_or_si256(_mm256_slli_epi32(exp, 3), _mm256_and_si256(_mm256_srli_epi32(qbits, 20), _mm256_set1_epi32(7)));
+  bytes = _mm256_blendv_epi8(_mm256_set1_epi32(0x7F), bytes, finite);  // NaN scale for non-finite groups
+  const __m256 rv = coarse ? (c == 0.0f ? _mm256_setzero_ps() : _mm256_div_ps(_mm256_set1_ps(1.0f / c), q))
+                           : _mm256_div_ps(_mm256_set1_ps(1.0f), q);
+  // the low byte of each lane, in order
+  const __m256i packed = _mm256_shuffle_epi8(bytes, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                     -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                     -1, -1, -1, -1));
+  const uint32_t lo4 = uint32_t(_mm256_cvtsi256_si32(packed));
+  const uint32_t hi4 = uint32_t(_mm_cvtsi128_si32(_mm256_extracti128_si256(packed, 1)));
+  const uint64_t all = uint64_t(lo4) | (uint64_t(hi4) << 32);
+  std::memcpy(stored, &all, size_t(count));
+  _mm256_storeu_ps(r, rv);
+}
+
+// The finite amax of n values (a multiple of 8): the largest |value| bits as integers (one
+// cycle a maximum); where that is not finite, the maximum over the finite values.
+inline float finite_amax(const float* b, int64_t n) {
+  __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    m0 = _mm256_max_epu32(m0, abs_bits(_mm256_loadu_ps(b + i)));
+    m1 = _mm256_max_epu32(m1, abs_bits(_mm256_loadu_ps(b + i + 8)));
+  }
+  for (; i < n; i += 8) m0 = _mm256_max_epu32(m0, abs_bits(_mm256_loadu_ps(b + i)));
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(m0, m1));
+  uint32_t top = 0;
+  for (uint32_t x : lanes) top = x > top ? x : top;
+  if (top < 0x7F800000u) return u2f(top);
+  __m256i f = _mm256_setzero_si256();  // a non-finite value: the largest finite bits
+  const __m256i inf = _mm256_set1_epi32(0x7F800000);
+  for (i = 0; i < n; i += 8) {
+    const __m256i a = abs_bits(_mm256_loadu_ps(b + i));
+    f = _mm256_max_epu32(f, _mm256_and_si256(a, _mm256_cmpgt_epi32(inf, a)));
+  }
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), f);
+  top = 0;
+  for (uint32_t x : lanes) top = x > top ? x : top;
+  return u2f(top);
+}
+
+// ---- the transform's butterflies ----
+
+// One butterfly stage of stride h < 8 inside a register (simd_avx512_fwht.h's
+// stage_in_register, eight lanes): lanes with bit h clear get a + b, lanes with it set a - b,
+// as v * sign + partner in one fused multiply-add (the product is exact: one rounding, the
+// sum's).  `sign`: -1 in the upper lanes, else 1.
+template <int h>
+inline __m256 stage_in_register(__m256 v, __m256 sign) {
+  static_assert(h == 1 || h == 2 || h == 4, "a stride inside one 8-lane register");
+  const __m256 partner = h == 1 ? _mm256_permute_ps(v, 0xB1)                    // lanes 1 0 3 2
+                         : h == 2 ? _mm256_permute_ps(v, 0x4E)                  // lanes 2 3 0 1
+                                  : _mm256_permute2f128_ps(v, v, 0x01);         // halves swapped
+  return _mm256_fmadd_ps(v, sign, partner);
+}
+
+// R registers r[0..R) of 8 values each, R/2 .. 1 apart in a block: the stages of strides
+// 8 * (1, 2, .. R/2) across them (lower + upper, lower - upper).
+template <int R>
+inline void stages_across(__m256* r) {
+#pragma GCC unroll 4
+  for (int m = 1; m < R; m *= 2) {
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) {
+      if (k & m) continue;
+      const __m256 a = r[k], c = r[k + m];
+      r[k] = _mm256_add_ps(a, c);
+      r[k + m] = _mm256_sub_ps(a, c);
+    }
+  }
+}
+
+// One pass over n values of the stages h, 2h, .. h * (R/2) (h >= 8), R registers at a time.
+template <int R>
+inline void stages_pass(float* b, int64_t n, int64_t h) {
+  for (int64_t i = 0; i < n; i += R * h) {
+    for (int64_t j = 0; j < h; j += 8) {
+      __m256 r[R];
+#pragma GCC unroll 8
+      for (int k = 0; k < R; ++k) r[k] = _mm256_loadu_ps(b + i + j + k * h);
+      stages_across<R>(r);
+#pragma GCC unroll 8
+      for (int k = 0; k < R; ++k) _mm256_storeu_ps(b + i + j + k * h, r[k]);
+    }
+  }
+}
+
+// All radix-2 stages on n values (a power of two >= 16), as codec_span.h's butterflies(): the
+// first pass does strides 1 .. 32 on 64 values at a time (8 registers: AVX2 has 16), each later
+// pass up to three strides more.
+inline void butterflies(float* b, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), minus = _mm256_set1_ps(-1.0f);
+  const __m256 s1 = _mm256_blend_ps(one, minus, 0xAA), s2 = _mm256_blend_ps(one, minus, 0xCC),
+               s4 = _mm256_blend_ps(one, minus, 0xF0);
+  const int64_t block = n < 64 ? n : 64;
+  for (int64_t i = 0; i < n; i += block) {
+    __m256 r[8];
+    const int R = int(block / 8);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      if (k >= R) break;
+      r[k] = stage_in_register<4>(stage_in_register<2>(stage_in_register<1>(_mm256_loadu_ps(b + i + 8 * k), s1), s2), s4);
+    }
+    if (R == 8) stages_across<8>(r);
+    if (R == 4) stages_across<4>(r);
+    if (R == 2) stages_across<2>(r);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      if (k >= R) break;
+      _mm256_storeu_ps(b + i + 8 * k, r[k]);
+    }
+  }
+  for (int64_t h = block; h < n;) {
+    const int64_t left = n / h;  // strides h .. n/2 remain: log2(left) stages
+    if (left >= 8) {
+      stages_pass<8>(b, n, h);
+      h *= 8;
+    } else if (left == 4) {
+      stages_pass<4>(b, n, h);
+      h *= 4;
+    } else {
+      stages_pass<2>(b, n, h);
+      h *= 2;
+    }
+  }
+}
+
+// The high 16 bits of each float lane of v, with bit 0 set where the low 16 are not all zero.
+// Every E2M1 tie point has a zero low half and a zero bit 0 in its high half, so comparing
+// these words with the tie points' high halves orders |v| against them exactly (a > t: the
+// high half larger, or equal with a non-zero low half).
+inline __m256i sticky_high_half(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i low_nonzero = _mm256_min_epu32(_mm256_and_si256(bits, _mm256_set1_epi32(0xFFFF)), _mm256_set1_epi32(1));
+  return _mm256_or_si256(_mm256_srli_epi32(bits, 16), low_nonzero);
+}
+
+// The 8 code bytes of a finite micro-group (y0: values 0-7, y1: 8-15) scaled by r,
+// round-to-nearest-even (fp4q::e2m1_nearest_mag: the count of tie points passed, "a > t" at the
+// ones that round down, "a >= t" at the others), low nibble first.
+inline uint64_t e2m1_nearest_codes16(__m256 y0, __m256 y1, __m256 r) {
+  // words: values 0-3, 8-11 | 4-7, 12-15
+  const __m256i w = _mm256_packus_epi32(sticky_high_half(_mm256_mul_ps(y0, r)), sticky_high_half(_mm256_mul_ps(y1, r)));
+  const __m256i a = _mm256_and_si256(w, _mm256_set1_epi16(0x7FFF));
+  __m256i mag = _mm256_setzero_si256();
+  // a > t, or a >= t as a > t - 1: 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 (high halves)
+  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x3E80)));
+  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x3F40 - 1)));
+  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x3FA0)));
+  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x3FE0 - 1)));
+  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x4020)));
+  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x4060 - 1)));
+  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x40A0)));
+  const __m256i codes = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi16(w, 12), _mm256_set1_epi16(8)));
+  // each 32-bit lane: (even code) | (odd code) << 4 in its low byte; gathered, then the halves interleaved
+  const __m256i pairs = _mm256_or_si256(codes, _mm256_srli_epi32(codes, 12));
+  const __m256i low = _mm256_shuffle_epi8(pairs, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                  -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                  -1, -1));
+  // half 0: bytes of values 0-3, 8-11; half 1: 4-7, 12-15 -> 0-3, 4-7, 8-11, 12-15
+  const __m128i out = _mm_unpacklo_epi16(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
+  return uint64_t(_mm_cvtsi128_si64(out));
+}
+
+// A span of FP4 values with E4M3 micro-scales over 16 values, rounded to nearest: micro-scales
+// into `scales`, packed codes into `codes` (the span's slices of the message); as
+// encode_prepared's loop, whose steps it vectorizes.
+inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len, float c, uint8_t* scales,
+                                 uint8_t* codes) {
+  const int64_t micros = len / 16;
+  const bool coarse = cfg.coarse != kCoarseNone;
+  for (int64_t j0 = 0; j0 < micros; j0 += 8) {
+    const int count = micros - j0 < 8 ? int(micros - j0) : 8;
+    alignas(32) float r[8];
+    __m256i m;
+    if (count == 8) {
+      m = group_max_bits8(b + 16 * j0);
+    } else {  // the span's last few micro-groups: their maxima one by one
+      alignas(32) uint32_t each[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int k = 0; k < count; ++k) {
+        const float* v = b + 16 * (j0 + k);
+        const __m256i h = _mm256_max_epu32(abs_bits(_mm256_loadu_ps(v)), abs_bits(_mm256_loadu_ps(v + 8)));
+        alignas(32) uint32_t lanes[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), h);
+        for (uint32_t x : lanes) each[k] = x > each[k] ? x : each[k];
+      }
+      m = _mm256_load_si256(reinterpret_cast<const __m256i*>(each));
+    }
+    const __m256i finite = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7F800000), m);
+    const __m256 amax = _mm256_and_ps(_mm256_castsi256_ps(m), _mm256_castsi256_ps(finite));
+    e4m3_micro_scales8(amax, finite, c, coarse, cfg.scale_round, scales + j0, r, count);
+    const int finite_bits = _mm256_movemask_ps(_mm256_castsi256_ps(finite));
+    for (int k = 0; k < count; ++k) {
+      const float* v = b + 16 * (j0 + k);
+      uint64_t packed = 0;  // the non-finite code of e2m1
+      if ((finite_bits >> k) & 1)
+        packed = e2m1_nearest_codes16(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]));
+      std::memcpy(codes + 8 * (j0 + k), &packed, 8);
+    }
+  }
+}
+
+// fp4q::e4m3_value of 8 bytes: normal values built from their fields (exact), subnormals as
+// mant * 2**-9, the sign by its bit (-0 included), NaN bytes as the positive quiet NaN.
+inline __m256 e4m3_values8(__m128i bytes) {
+  const __m256i b = _mm256_cvtepu8_epi32(bytes);
+  const __m256i exp = _mm256_and_si256(_mm256_srli_epi32(b, 3), _mm256_set1_epi32(15));
+  const __m256i mant = _mm256_and_si256(b, _mm256_set1_epi32(7));
+  const __m256i normal = _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(exp, _mm256_set1_epi32(120)), 23),
+                                         _mm256_slli_epi32(mant, 20));
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mant), _mm256_set1_ps(0.001953125f));
+  const __m256i is_sub = _mm256_cmpeq_epi32(exp, _mm256_setzero_si256());
+  __m256i v = _mm256_blendv_epi8(normal, _mm256_castps_si256(sub), is_sub);
+  v = _mm256_or_si256(v, _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24));
+  const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F)), _mm256_set1_epi32(0x7F));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(v, _mm256_set1_epi32(0x7FC00000), nan));
+}
+
+// The 8 values of one half of a micro-group from its 4 code bytes (low nibble first) times s:
+// each value's magnitude by its low three bits (the permute reads only those), its sign from
+// the fourth, then the product (as element_value(code) * s).
+inline __m256 e2m1_decode8(uint32_t four_bytes, __m256 s) {
+  const __m256 table = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  // byte j in lanes 2j and 2j+1, shifted by 0 and 4: code in the low nibble (higher bits above)
+  const __m256i bytes = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(int(four_bytes)),
+                                                              _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1)));
+  const __m256i code = _mm256_srlv_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+  const __m256 sign = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(code, 28), _mm256_set1_epi32(int32_t(0x80000000u))));
+  return _mm256_mul_ps(_mm256_xor_ps(_mm256_permutevar8x32_ps(table, code), sign), s);
+}
+
+// `micros` micro-groups of FP4 codes under E4M3 micro-scales into b (or added to b):
+// code value * (micro-scale * f), as decode_span.
+inline void decode_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, float* b,
+                                 bool accumulate) {
+  for (int64_t j0 = 0; j0 < micros; j0 += 8) {
+    const int count = micros - j0 < 8 ? int(micros - j0) : 8;
+    uint64_t eight = 0;
+    std::memcpy(&eight, scales + j0, size_t(count));
+    alignas(32) float s[8];
+    _mm256_store_ps(s, _mm256_mul_ps(e4m3_values8(_mm_cvtsi64_si128(int64_t(eight))), _mm256_set1_ps(f)));
+    for (int k = 0; k < count; ++k) {
+      const uint8_t* in = codes + 8 * (j0 + k);
+      uint32_t lo, hi;
+      std::memcpy(&lo, in, 4);
+      std::memcpy(&hi, in + 4, 4);
+      const __m256 sk = _mm256_set1_ps(s[k]);
+      float* out = b + 16 * (j0 + k);
+      __m256 v0 = e2m1_decode8(lo, sk), v1 = e2m1_decode8(hi, sk);
+      if (accumulate) {
+        v0 = _mm256_add_ps(_mm256_loadu_ps(out), v0);
+        v1 = _mm256_add_ps(_mm256_loadu_ps(out + 8), v1);
+      }
+      _mm256_storeu_ps(out, v0);
+      _mm256_storeu_ps(out + 8, v1);
+    }
+  }
+}
+
+}  // namespace avx2
+}  // namespace
+}  // namespace cpu
+}  // namespace fp4q
