@@ -15,11 +15,22 @@
 
 #if defined(FP4Q_AVX512)
 #include "simd_avx512_direct.h"
+#elif defined(FP4Q_AVX2)
+#include "simd_avx2_direct.h"
 #endif
 
 namespace fp4q {
 namespace cpu {
 namespace {
+
+// The hand-written pieces of this file's instruction set (the same names and arguments in both)
+#if defined(FP4Q_AVX512)
+#define FP4Q_SIMD 1
+namespace simd = avx512;
+#elif defined(FP4Q_AVX2)
+#define FP4Q_SIMD 1
+namespace simd = avx2;
+#endif
 
 constexpr int64_t kMaxSegment = 1 << 16;  // QuantConfig.group <= 2**16
 
@@ -67,15 +78,15 @@ void quantize_spans(void* ctx, int64_t s0, int64_t s1) {
   const bool prepared = a.cfg.coarse == kCoarseTensor && a.cfg.fwht && a.transform;
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * W, len = span_len(a.lay, s);
-#if defined(FP4Q_AVX512)
-    if (avx512::direct_applies(a.cfg, a.transform, first, len, a.lay.n)) {
-      avx512::quantize_span_direct(a.cfg, a.lay, row_ptr(a, r.row), a.x_dtype, first, len, r.tensor_e, r.tensor_c, msg,
-                                   r.maxima ? r.maxima + first / 16 : nullptr, reinterpret_cast<uint32_t*>(b));
+#if defined(FP4Q_SIMD)
+    if (simd::direct_applies(a.cfg, a.transform, first, len, a.lay.n)) {
+      simd::quantize_span_direct(a.cfg, a.lay, row_ptr(a, r.row), a.x_dtype, first, len, r.tensor_e, r.tensor_c, msg,
+                                 r.maxima ? r.maxima + first / 16 : nullptr, reinterpret_cast<uint32_t*>(b));
       continue;
     }
-    if (avx512::transformed_applies(a.cfg, a.transform, first, len, a.lay.n)) {
-      avx512::quantize_span_transformed(a.cfg, a.lay, row_ptr(a, r.row), a.x_dtype, first, len, a.signs, r.inv_sqrt,
-                                        msg, a.key, row_ctr + uint64_t(first), b);
+    if (simd::transformed_applies(a.cfg, a.transform, first, len, a.lay.n)) {
+      simd::quantize_span_transformed(a.cfg, a.lay, row_ptr(a, r.row), a.x_dtype, first, len, a.signs, r.inv_sqrt, msg,
+                                      a.key, row_ctr + uint64_t(first), b);
       continue;
     }
 #endif
@@ -105,14 +116,14 @@ void tensor_raw_amax(void* ctx, int64_t s0, int64_t s1) {
   float* b = scratch().a;
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t len = span_len(a.lay, s);
-#if defined(FP4Q_AVX512)
+#if defined(FP4Q_SIMD)
     const int64_t first = s * span_values(a.lay);
-    if (r.maxima && avx512::direct_applies(a.cfg, a.transform, first, len, a.lay.n)) {  // pass one of the span, too
-      r.partial_amax[s] = avx512::span_maxima(row_ptr(a, r.row), a.x_dtype, first, len, r.maxima + first / 16);
+    if (r.maxima && simd::direct_applies(a.cfg, a.transform, first, len, a.lay.n)) {  // pass one of the span, too
+      r.partial_amax[s] = simd::span_maxima(row_ptr(a, r.row), a.x_dtype, first, len, r.maxima + first / 16);
       continue;
     }
     if (len <= a.lay.n - s * span_values(a.lay) && len % 16 == 0) {  // read only
-      r.partial_amax[s] = avx512::input_amax(row_ptr(a, r.row), a.x_dtype, s * span_values(a.lay), len);
+      r.partial_amax[s] = simd::input_amax(row_ptr(a, r.row), a.x_dtype, s * span_values(a.lay), len);
       continue;
     }
 #endif
@@ -150,10 +161,10 @@ void quantize_impl(const QuantizeArgs& a, ParallelFor pf) {
   if (spans == 0) return;
   std::unique_ptr<float[]> partial(a.cfg.coarse == kCoarseTensor ? new float[spans] : nullptr);
   std::unique_ptr<uint32_t[]> maxima;
-#if defined(FP4Q_AVX512)
+#if defined(FP4Q_SIMD)
   // the tensor pre-pass reads every value anyway: it keeps the micro-group maxima of the
   // spans that quantize_span_direct encodes, which then read the input once more, not twice
-  if (a.cfg.coarse == kCoarseTensor && avx512::direct_applies(a.cfg, a.transform, 0, 0, a.lay.n))
+  if (a.cfg.coarse == kCoarseTensor && simd::direct_applies(a.cfg, a.transform, 0, 0, a.lay.n))
     maxima.reset(new uint32_t[a.lay.padded / 16]);
 #endif
   for (int64_t row = 0; row < a.rows; ++row) {
@@ -262,12 +273,11 @@ void reduce_spans(void* ctx, int64_t s0, int64_t s1) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
     const int E = tensor ? r.tensor_E : sum_exponent(a, first, len);
     reduce_span(a, first, len, E, acc);  // again after the pre-pass: cheaper than keeping the sum
-#if defined(FP4Q_AVX512)
+#if defined(FP4Q_SIMD)
     // the sum encoded where it is, as a quantize without the transform encodes its input
-    if (a.requantize && a.cfg.coarse != kCoarseNone && avx512::direct_applies(a.cfg, false, first, len, a.lay.n)) {
-      avx512::quantize_span_direct_t<kF32>(a.cfg, a.lay, acc, first, len, 0, r.tensor_e, r.tensor_c,
-                                           decode_normalizes(a.cfg) ? pow2(E) : 1.0f, a.out_msg, nullptr,
-                                           scratch().words);
+    if (a.requantize && a.cfg.coarse != kCoarseNone && simd::direct_applies(a.cfg, false, first, len, a.lay.n)) {
+      simd::quantize_span_direct_t<kF32>(a.cfg, a.lay, acc, first, len, 0, r.tensor_e, r.tensor_c,
+                                         decode_normalizes(a.cfg) ? pow2(E) : 1.0f, a.out_msg, nullptr, scratch().words);
       continue;
     }
 #endif

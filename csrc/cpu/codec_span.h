@@ -354,6 +354,12 @@ inline void finish_span(const Config& cfg, float* b, int64_t S, int E, const flo
     return;
   }
 #endif
+#if defined(FP4Q_AVX2)
+  if (cfg.fwht && S >= 64 && (S & (S - 1)) == 0) {
+    avx2::fwht_inverse(b, S, inv_sqrt, signs, decode_normalizes(cfg), pow2(E));
+    return;
+  }
+#endif
   if (cfg.fwht) inverse_fwht(b, S, signs, inv_sqrt);
   if (decode_normalizes(cfg)) scale_by(b, S, pow2(E));
 }

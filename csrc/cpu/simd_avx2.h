@@ -18,13 +18,22 @@ namespace avx2 {
 
 inline __m256i abs_bits(__m256 v) { return _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7FFFFFFF)); }
 
-// Lane k: the largest |value| bits of micro-group k (16 floats at b + 16k), for 8 micro-groups;
+// 8 input values from index i of x as floats (float32, bfloat16 or float16; exact).
+template <int32_t dtype>
+inline __m256 load_input(const void* x, int64_t i) {
+  if (dtype == kF32) return _mm256_loadu_ps(static_cast<const float*>(x) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
+  return dtype == kBF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+// Lane k: the largest |value| bits of micro-group k (16 values at b + 16k), for 8 micro-groups;
 // compared as integers (the order of non-negative floats, +inf and then NaN above every
 // finite value).  The maxima of the two halves, then a transposing tree of 7 maxima.
-inline __m256i group_max_bits8(const float* b) {
+template <int32_t dtype = kF32>
+inline __m256i group_max_bits8(const void* b) {
   __m256i m[8];
   for (int k = 0; k < 8; ++k)
-    m[k] = _mm256_max_epu32(abs_bits(_mm256_loadu_ps(b + 16 * k)), abs_bits(_mm256_loadu_ps(b + 16 * k + 8)));
+    m[k] = _mm256_max_epu32(abs_bits(load_input<dtype>(b, 16 * k)), abs_bits(load_input<dtype>(b, 16 * k + 8)));
   __m256i t[4];
   for (int k = 0; k < 4; ++k)  // 128-bit halves: group 2k in lanes 0-3, 2k+1 in lanes 4-7
     t[k] = _mm256_max_epu32(_mm256_permute2x128_si256(m[2 * k], m[2 * k + 1], 0x20),
@@ -84,31 +93,41 @@ inline void e4m3_micro_scales8(__m256 amax, __m256i finite, float c, bool coarse
   _mm256_storeu_ps(r, rv);
 }
 
-// The finite amax of n values (a multiple of 8): the largest |value| bits as integers (one
-// cycle a maximum); where that is not finite, the maximum over the finite values.
-inline float finite_amax(const float* b, int64_t n) {
+// The finite amax of n values of x (a multiple of 8), read in place: the largest |value| bits
+// as integers (one cycle a maximum); where that is not finite, the maximum over the finite values.
+template <int32_t dtype>
+inline float input_amax_t(const void* x, int64_t n) {
   __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    m0 = _mm256_max_epu32(m0, abs_bits(_mm256_loadu_ps(b + i)));
-    m1 = _mm256_max_epu32(m1, abs_bits(_mm256_loadu_ps(b + i + 8)));
+    m0 = _mm256_max_epu32(m0, abs_bits(load_input<dtype>(x, i)));
+    m1 = _mm256_max_epu32(m1, abs_bits(load_input<dtype>(x, i + 8)));
   }
-  for (; i < n; i += 8) m0 = _mm256_max_epu32(m0, abs_bits(_mm256_loadu_ps(b + i)));
+  for (; i < n; i += 8) m0 = _mm256_max_epu32(m0, abs_bits(load_input<dtype>(x, i)));
   alignas(32) uint32_t lanes[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(m0, m1));
   uint32_t top = 0;
-  for (uint32_t x : lanes) top = x > top ? x : top;
+  for (uint32_t v : lanes) top = v > top ? v : top;
   if (top < 0x7F800000u) return u2f(top);
   __m256i f = _mm256_setzero_si256();  // a non-finite value: the largest finite bits
   const __m256i inf = _mm256_set1_epi32(0x7F800000);
   for (i = 0; i < n; i += 8) {
-    const __m256i a = abs_bits(_mm256_loadu_ps(b + i));
+    const __m256i a = abs_bits(load_input<dtype>(x, i));
     f = _mm256_max_epu32(f, _mm256_and_si256(a, _mm256_cmpgt_epi32(inf, a)));
   }
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), f);
   top = 0;
-  for (uint32_t x : lanes) top = x > top ? x : top;
+  for (uint32_t v : lanes) top = v > top ? v : top;
   return u2f(top);
+}
+
+inline float finite_amax(const float* b, int64_t n) { return input_amax_t<kF32>(b, n); }
+
+// The finite amax of count values of x from index first (count a multiple of 8), read in place.
+inline float input_amax(const void* x, int32_t dtype, int64_t first, int64_t count) {
+  if (dtype == kF32) return input_amax_t<kF32>(static_cast<const float*>(x) + first, count);
+  const uint16_t* h = static_cast<const uint16_t*>(x) + first;
+  return dtype == kBF16 ? input_amax_t<kBF16>(h, count) : input_amax_t<kF16>(h, count);
 }
 
 // ---- the transform's butterflies ----
@@ -142,9 +161,37 @@ inline void stages_across(__m256* r) {
   }
 }
 
-// One pass over n values of the stages h, 2h, .. h * (R/2) (h >= 8), R registers at a time.
-template <int R>
-inline void stages_pass(float* b, int64_t n, int64_t h) {
+// What the last pass of a fused transform does to each value (at index `at`) before storing
+// it.  The forward transform's: times post, then the largest |value| bits kept in m.
+struct LastOps {
+  __m256 post;
+  __m256i m;
+  __m256 apply(__m256 v, int64_t) {
+    v = _mm256_mul_ps(v, post);
+    m = _mm256_max_epu32(m, abs_bits(v));
+    return v;
+  }
+};
+
+// The inverse transform's: times post, then the value's sign (where signs is given), then
+// times f (where f_on) -- as inverse_fwht's scale_by and multiply, then finish_span's 2**E.
+struct InverseOps {
+  __m256 post;
+  const float* signs;
+  bool f_on;
+  __m256 f;
+  __m256 apply(__m256 v, int64_t at) {
+    v = _mm256_mul_ps(v, post);
+    if (signs) v = _mm256_mul_ps(v, _mm256_loadu_ps(signs + at));
+    return f_on ? _mm256_mul_ps(v, f) : v;
+  }
+};
+
+// One pass over n values of the stages h, 2h, .. h * (R/2) (h >= 8), R registers at a time;
+// where kLast, the stages end here, then last's operations.
+template <int R, bool kLast, class Ops>
+inline void stages_pass(float* b, int64_t n, int64_t h, Ops& last_ops) {
+  Ops last = last_ops;  // a copy the stores to b cannot alias: its fields stay in registers
   for (int64_t i = 0; i < n; i += R * h) {
     for (int64_t j = 0; j < h; j += 8) {
       __m256 r[R];
@@ -152,9 +199,61 @@ inline void stages_pass(float* b, int64_t n, int64_t h) {
       for (int k = 0; k < R; ++k) r[k] = _mm256_loadu_ps(b + i + j + k * h);
       stages_across<R>(r);
 #pragma GCC unroll 8
-      for (int k = 0; k < R; ++k) _mm256_storeu_ps(b + i + j + k * h, r[k]);
+      for (int k = 0; k < R; ++k) _mm256_storeu_ps(b + i + j + k * h, kLast ? last.apply(r[k], i + j + k * h) : r[k]);
     }
   }
+  last_ops = last;
+}
+
+// The passes after the first (strides h .. n/2), up to three strides each; the last one
+// ends with last's operations where kLast.
+template <bool kLast, class Ops>
+inline void later_passes(float* b, int64_t n, int64_t h, Ops& last) {
+  while (h < n) {
+    const int64_t left = n / h;  // strides h .. n/2 remain: log2(left) stages
+    if (left > 8) stages_pass<8, false>(b, n, h, last);
+    if (left == 8) stages_pass<8, kLast>(b, n, h, last);
+    if (left == 4) stages_pass<4, kLast>(b, n, h, last);
+    if (left == 2) stages_pass<2, kLast>(b, n, h, last);
+    h *= left >= 8 ? 8 : left;
+  }
+}
+
+// The quantize's forward transform of n values of x (a power of two >= 64) into b, fused into
+// three passes for 2048: each value times pre, then its sign (where signs is given), the
+// butterflies, then times post -- the same IEEE operations on each value as scale_by,
+// multiply, butterflies and scale_by in turn.  Returns the finite amax of the result.
+template <int32_t dtype>
+inline float fwht_forward_t(const void* x, float* b, int64_t n, float pre, const float* signs, float post) {
+  const __m256 one = _mm256_set1_ps(1.0f), minus = _mm256_set1_ps(-1.0f);
+  const __m256 s1 = _mm256_blend_ps(one, minus, 0xAA), s2 = _mm256_blend_ps(one, minus, 0xCC),
+               s4 = _mm256_blend_ps(one, minus, 0xF0);
+  const __m256 p = _mm256_set1_ps(pre);
+  LastOps last{_mm256_set1_ps(post), _mm256_setzero_si256()};
+  for (int64_t i = 0; i < n; i += 64) {  // strides 1 .. 32
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      __m256 v = _mm256_mul_ps(load_input<dtype>(x, i + 8 * k), p);
+      if (signs) v = _mm256_mul_ps(v, _mm256_loadu_ps(signs + i + 8 * k));
+      r[k] = stage_in_register<4>(stage_in_register<2>(stage_in_register<1>(v, s1), s2), s4);
+    }
+    stages_across<8>(r);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) _mm256_storeu_ps(b + i + 8 * k, n == 64 ? last.apply(r[k], i + 8 * k) : r[k]);
+  }
+  later_passes<true>(b, n, 64, last);
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), last.m);
+  uint32_t top = 0;
+  for (uint32_t v : lanes) top = v > top ? v : top;
+  return top < 0x7F800000u ? u2f(top) : finite_amax(b, n);
+}
+
+inline float fwht_forward(const void* x, int32_t dtype, float* b, int64_t n, float pre, const float* signs, float post) {
+  if (dtype == kF32) return fwht_forward_t<kF32>(x, b, n, pre, signs, post);
+  if (dtype == kBF16) return fwht_forward_t<kBF16>(x, b, n, pre, signs, post);
+  return fwht_forward_t<kF16>(x, b, n, pre, signs, post);
 }
 
 // All radix-2 stages on n values (a power of two >= 16), as codec_span.h's butterflies(): the
@@ -182,19 +281,28 @@ inline void butterflies(float* b, int64_t n) {
       _mm256_storeu_ps(b + i + 8 * k, r[k]);
     }
   }
-  for (int64_t h = block; h < n;) {
-    const int64_t left = n / h;  // strides h .. n/2 remain: log2(left) stages
-    if (left >= 8) {
-      stages_pass<8>(b, n, h);
-      h *= 8;
-    } else if (left == 4) {
-      stages_pass<4>(b, n, h);
-      h *= 4;
-    } else {
-      stages_pass<2>(b, n, h);
-      h *= 2;
-    }
+  LastOps none{};
+  later_passes<false>(b, n, block, none);
+}
+
+// The inverse transform of the n values in b (a power of two >= 64) with the operations after
+// it (InverseOps) fused into its last pass: the same IEEE operations on each value as
+// butterflies, scale_by, multiply and scale_by in turn.
+inline void fwht_inverse(float* b, int64_t n, float post, const float* signs, bool f_on, float f) {
+  const __m256 one = _mm256_set1_ps(1.0f), minus = _mm256_set1_ps(-1.0f);
+  const __m256 s1 = _mm256_blend_ps(one, minus, 0xAA), s2 = _mm256_blend_ps(one, minus, 0xCC),
+               s4 = _mm256_blend_ps(one, minus, 0xF0);
+  InverseOps last{_mm256_set1_ps(post), signs, f_on, _mm256_set1_ps(f)};
+  for (int64_t i = 0; i < n; i += 64) {  // strides 1 .. 32
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k)
+      r[k] = stage_in_register<4>(stage_in_register<2>(stage_in_register<1>(_mm256_loadu_ps(b + i + 8 * k), s1), s2), s4);
+    stages_across<8>(r);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) _mm256_storeu_ps(b + i + 8 * k, n == 64 ? last.apply(r[k], i + 8 * k) : r[k]);
   }
+  later_passes<true>(b, n, 64, last);
 }
 
 // The high 16 bits of each float lane of v, with bit 0 set where the low 16 are not all zero.
@@ -207,43 +315,65 @@ inline __m256i sticky_high_half(__m256 v) {
   return _mm256_or_si256(_mm256_srli_epi32(bits, 16), low_nonzero);
 }
 
-// The 8 code bytes of a finite micro-group (y0: values 0-7, y1: 8-15) scaled by r,
-// round-to-nearest-even (fp4q::e2m1_nearest_mag: the count of tie points passed, "a > t" at the
-// ones that round down, "a >= t" at the others), low nibble first.
-inline uint64_t e2m1_nearest_codes16(__m256 y0, __m256 y1, __m256 r) {
-  // words: values 0-3, 8-11 | 4-7, 12-15
+// The high halves of the E2M1 tie points 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 (minus one at
+// those that round up: a >= t is a > t - 1), and the masks of the encoder, in memory: read as
+// operands of the compares (one load each, a port that is otherwise idle) rather than built in
+// a register per micro-group, which is what GCC does with 16 registers and all of them in use.
+alignas(32) constexpr int16_t kTiePoints[7][16] = {
+#define FP4Q_ROW(v) {v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}
+    FP4Q_ROW(0x3E80), FP4Q_ROW(0x3F40 - 1), FP4Q_ROW(0x3FA0), FP4Q_ROW(0x3FE0 - 1),
+    FP4Q_ROW(0x4020), FP4Q_ROW(0x4060 - 1), FP4Q_ROW(0x40A0)};
+alignas(32) constexpr int16_t kMagnitudeBits[16] = FP4Q_ROW(0x7FFF);
+alignas(32) constexpr int16_t kSignCode[16] = FP4Q_ROW(8);
+#undef FP4Q_ROW
+
+inline __m256i constant(const int16_t* row) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(row)); }
+
+// The codes of a finite micro-group (y0: values 0-7, y1: 8-15) scaled by r, round-to-nearest-even
+// (fp4q::e2m1_nearest_mag: the count of tie points passed, "a > t" at the ones that round down,
+// "a >= t" at the others), one per 16-bit word: values 0-3, 8-11 in half 0, 4-7, 12-15 in half 1.
+inline __m256i e2m1_nearest_code_words(__m256 y0, __m256 y1, __m256 r) {
   const __m256i w = _mm256_packus_epi32(sticky_high_half(_mm256_mul_ps(y0, r)), sticky_high_half(_mm256_mul_ps(y1, r)));
-  const __m256i a = _mm256_and_si256(w, _mm256_set1_epi16(0x7FFF));
+  const __m256i a = _mm256_and_si256(w, constant(kMagnitudeBits));
   __m256i mag = _mm256_setzero_si256();
-  // a > t, or a >= t as a > t - 1: 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 (high halves)
-  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x3E80)));
-  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x3F40 - 1)));
-  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x3FA0)));
-  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x3FE0 - 1)));
-  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x4020)));
-  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x4060 - 1)));
-  mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x40A0)));
-  const __m256i codes = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi16(w, 12), _mm256_set1_epi16(8)));
-  // each 32-bit lane: (even code) | (odd code) << 4 in its low byte; gathered, then the halves interleaved
-  const __m256i pairs = _mm256_or_si256(codes, _mm256_srli_epi32(codes, 12));
-  const __m256i low = _mm256_shuffle_epi8(pairs, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                                  -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                                  -1, -1));
-  // half 0: bytes of values 0-3, 8-11; half 1: 4-7, 12-15 -> 0-3, 4-7, 8-11, 12-15
-  const __m128i out = _mm_unpacklo_epi16(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
-  return uint64_t(_mm_cvtsi128_si64(out));
+#pragma GCC unroll 7
+  for (int t = 0; t < 7; ++t) mag = _mm256_sub_epi16(mag, _mm256_cmpgt_epi16(a, constant(kTiePoints[t])));
+  return _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi16(w, 12), constant(kSignCode)));
+}
+
+// The codes of two micro-groups (e2m1_nearest_code_words) packed low nibble first into 16 bytes.
+inline __m128i pack_codes2(__m256i a, __m256i b) {
+  // each 32-bit lane: (even code) | (odd code) << 4 in its low byte; a's bytes gathered into
+  // bytes 0-3 of each half, b's into bytes 4-7
+  const __m256i pa = _mm256_or_si256(a, _mm256_srli_epi32(a, 12)), pb = _mm256_or_si256(b, _mm256_srli_epi32(b, 12));
+  const __m256i low = _mm256_or_si256(
+      _mm256_shuffle_epi8(pa, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                                               -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)),
+      _mm256_shuffle_epi8(pb, _mm256_setr_epi8(-1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                               0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1)));
+  // half 0: pairs of values 0-3, 8-11 of a, then of b; half 1: 4-7, 12-15: interleaved by words
+  return _mm_unpacklo_epi16(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
+}
+
+// The 8 code bytes of one finite micro-group.
+inline uint64_t e2m1_nearest_codes16(__m256 y0, __m256 y1, __m256 r) {
+  const __m256i w = e2m1_nearest_code_words(y0, y1, r);
+  return uint64_t(_mm_cvtsi128_si64(pack_codes2(w, w)));
 }
 
 // A span of FP4 values with E4M3 micro-scales over 16 values, rounded to nearest: micro-scales
 // into `scales`, packed codes into `codes` (the span's slices of the message); as
-// encode_prepared's loop, whose steps it vectorizes.
+// encode_prepared's loop, whose steps it vectorizes.  The micro-scales of the whole span
+// first: their divisions are then independent of each other and overlap.
 inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len, float c, uint8_t* scales,
                                  uint8_t* codes) {
-  const int64_t micros = len / 16;
+  const int64_t micros = len / 16;  // at most 4096
   const bool coarse = cfg.coarse != kCoarseNone;
+  alignas(32) float r[4096 + 8];
+  uint8_t finite_of[512 + 1];  // finite mask of micro-groups 8j .. 8j+7
+  bool all_finite = true;
   for (int64_t j0 = 0; j0 < micros; j0 += 8) {
     const int count = micros - j0 < 8 ? int(micros - j0) : 8;
-    alignas(32) float r[8];
     __m256i m;
     if (count == 8) {
       m = group_max_bits8(b + 16 * j0);
@@ -260,15 +390,26 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
     }
     const __m256i finite = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7F800000), m);
     const __m256 amax = _mm256_and_ps(_mm256_castsi256_ps(m), _mm256_castsi256_ps(finite));
-    e4m3_micro_scales8(amax, finite, c, coarse, cfg.scale_round, scales + j0, r, count);
-    const int finite_bits = _mm256_movemask_ps(_mm256_castsi256_ps(finite));
-    for (int k = 0; k < count; ++k) {
-      const float* v = b + 16 * (j0 + k);
-      uint64_t packed = 0;  // the non-finite code of e2m1
-      if ((finite_bits >> k) & 1)
-        packed = e2m1_nearest_codes16(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]));
-      std::memcpy(codes + 8 * (j0 + k), &packed, 8);
+    e4m3_micro_scales8(amax, finite, c, coarse, cfg.scale_round, scales + j0, r + j0, count);
+    finite_of[j0 / 8] = uint8_t(_mm256_movemask_ps(_mm256_castsi256_ps(finite)));
+    all_finite = all_finite && finite_of[j0 / 8] == uint8_t((1u << count) - 1u);
+  }
+  if (all_finite && micros % 2 == 0) {  // the common case: two micro-groups a store, no test
+    for (int64_t k = 0; k < micros; k += 2) {
+      const float* v = b + 16 * k;
+      const __m256i wa = e2m1_nearest_code_words(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]));
+      const __m256i wb =
+          e2m1_nearest_code_words(_mm256_loadu_ps(v + 16), _mm256_loadu_ps(v + 24), _mm256_set1_ps(r[k + 1]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 8 * k), pack_codes2(wa, wb));
     }
+    return;
+  }
+  for (int64_t k = 0; k < micros; ++k) {
+    const float* v = b + 16 * k;
+    uint64_t packed = 0;  // the non-finite code of e2m1
+    if ((finite_of[k / 8] >> (k % 8)) & 1u)
+      packed = e2m1_nearest_codes16(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]));
+    std::memcpy(codes + 8 * k, &packed, 8);
   }
 }
 
