@@ -32,6 +32,64 @@ namespace simd = avx512;
 namespace simd = avx2;
 #endif
 
+#if defined(FP4Q_SIMD)
+// ---- a span quantized straight from its input (simd_*_direct.h's two passes) ----
+
+// Both passes over one span of len values v, message values first .. first+len-1 (maxima
+// known: from a tensor pre-pass, pass one is skipped): the coarse scale (per group) times
+// sum_scale, micro-scales and codes, as normalize_and_transform + encode_prepared.
+// tensor_e, tensor_c: the tensor's exponent and coarse scale (coarse == tensor); ahead: as
+// simd::encode_span_direct_t; scratch: len / 8 words.
+template <int32_t dtype>
+inline void quantize_span_direct_t(const Config& cfg, const Layout& lay, const void* v, int64_t first, int64_t len,
+                                   int64_t ahead, int tensor_e, float tensor_c, float sum_scale, uint8_t* msg,
+                                   const uint32_t* known_maxima, uint32_t* scratch) {
+  const uint32_t* maxima = known_maxima;  // known only from a tensor scale's pre-pass: raw is not needed then
+  float raw = 0.0f;
+  if (!maxima) {
+    raw = simd::span_maxima_t<dtype>(v, len, scratch);
+    maxima = scratch;
+  }
+  int e = 0;
+  float c = tensor_c;
+  if (cfg.coarse == kCoarseGroup) {
+    e = normalizing_exponent(raw);
+    c = (raw * pow2(-e)) / coarse_divisor(cfg);  // the normalized span's amax, exactly
+    store_u32_le(msg + 4 * (first / cfg.group), f2u((c * pow2(e)) * sum_scale));
+  }
+  if (cfg.coarse == kCoarseTensor) e = tensor_e;
+  float* r = reinterpret_cast<float*>(scratch + len / 16);
+  if (cfg.coarse == kCoarseNone)
+    simd::encode_span_direct_t<dtype, false>(cfg, lay, v, first, len, ahead, e, c, msg, maxima, r);
+  else
+    simd::encode_span_direct_t<dtype, true>(cfg, lay, v, first, len, ahead, e, c, msg, maxima, r);
+}
+
+// quantize_span_direct_t for values of the dtype: the span of the row x at first .. first+len-1
+// (n values in the row; sum_scale 1).
+inline void quantize_span_direct(const Config& cfg, const Layout& lay, const void* x, int32_t dtype, int64_t first,
+                                 int64_t len, int tensor_e, float tensor_c, uint8_t* msg, const uint32_t* known_maxima,
+                                 uint32_t* scratch) {
+  const int64_t ahead = simd::ahead_values(first, len, lay.n);
+  if (dtype == kF32)
+    return quantize_span_direct_t<kF32>(cfg, lay, static_cast<const float*>(x) + first, first, len, ahead, tensor_e,
+                                        tensor_c, 1.0f, msg, known_maxima, scratch);
+  const uint16_t* h = static_cast<const uint16_t*>(x) + first;
+  if (dtype == kBF16)
+    return quantize_span_direct_t<kBF16>(cfg, lay, h, first, len, ahead, tensor_e, tensor_c, 1.0f, msg, known_maxima,
+                                         scratch);
+  quantize_span_direct_t<kF16>(cfg, lay, h, first, len, ahead, tensor_e, tensor_c, 1.0f, msg, known_maxima, scratch);
+}
+
+// Pass one of the span at first .. first+len-1 of the row x for a tensor pre-pass: maxima into
+// `maxima`, the span's finite amax returned.
+inline float span_maxima(const void* x, int32_t dtype, int64_t first, int64_t len, uint32_t* maxima) {
+  if (dtype == kF32) return simd::span_maxima_t<kF32>(static_cast<const float*>(x) + first, len, maxima);
+  const uint16_t* h = static_cast<const uint16_t*>(x) + first;
+  return dtype == kBF16 ? simd::span_maxima_t<kBF16>(h, len, maxima) : simd::span_maxima_t<kF16>(h, len, maxima);
+}
+#endif
+
 constexpr int64_t kMaxSegment = 1 << 16;  // QuantConfig.group <= 2**16
 
 // ---- per-thread scratch ----
@@ -80,8 +138,8 @@ void quantize_spans(void* ctx, int64_t s0, int64_t s1) {
     const int64_t first = s * W, len = span_len(a.lay, s);
 #if defined(FP4Q_SIMD)
     if (simd::direct_applies(a.cfg, a.transform, first, len, a.lay.n)) {
-      simd::quantize_span_direct(a.cfg, a.lay, row_ptr(a, r.row), a.x_dtype, first, len, r.tensor_e, r.tensor_c, msg,
-                                 r.maxima ? r.maxima + first / 16 : nullptr, reinterpret_cast<uint32_t*>(b));
+      quantize_span_direct(a.cfg, a.lay, row_ptr(a, r.row), a.x_dtype, first, len, r.tensor_e, r.tensor_c, msg,
+                           r.maxima ? r.maxima + first / 16 : nullptr, reinterpret_cast<uint32_t*>(b));
       continue;
     }
     if (simd::transformed_applies(a.cfg, a.transform, first, len, a.lay.n)) {
@@ -119,7 +177,7 @@ void tensor_raw_amax(void* ctx, int64_t s0, int64_t s1) {
 #if defined(FP4Q_SIMD)
     const int64_t first = s * span_values(a.lay);
     if (r.maxima && simd::direct_applies(a.cfg, a.transform, first, len, a.lay.n)) {  // pass one of the span, too
-      r.partial_amax[s] = simd::span_maxima(row_ptr(a, r.row), a.x_dtype, first, len, r.maxima + first / 16);
+      r.partial_amax[s] = span_maxima(row_ptr(a, r.row), a.x_dtype, first, len, r.maxima + first / 16);
       continue;
     }
     if (len <= a.lay.n - s * span_values(a.lay) && len % 16 == 0) {  // read only
@@ -221,7 +279,7 @@ void dequantize_spans(void* ctx, int64_t s0, int64_t s1) {
     store_values(b, clamp64(a.lay.n - first, 0, len), a.out, a.out_dtype, r.row * a.lay.n + first, a.saturate,
                  r.stream);
   }
-#if defined(FP4Q_AVX512)
+#if defined(FP4Q_SIMD)
   if (r.stream) _mm_sfence();  // the streamed stores are visible before the region ends
 #endif
 }
@@ -276,8 +334,8 @@ void reduce_spans(void* ctx, int64_t s0, int64_t s1) {
 #if defined(FP4Q_SIMD)
     // the sum encoded where it is, as a quantize without the transform encodes its input
     if (a.requantize && a.cfg.coarse != kCoarseNone && simd::direct_applies(a.cfg, false, first, len, a.lay.n)) {
-      simd::quantize_span_direct_t<kF32>(a.cfg, a.lay, acc, first, len, 0, r.tensor_e, r.tensor_c,
-                                         decode_normalizes(a.cfg) ? pow2(E) : 1.0f, a.out_msg, nullptr, scratch().words);
+      quantize_span_direct_t<kF32>(a.cfg, a.lay, acc, first, len, 0, r.tensor_e, r.tensor_c,
+                                   decode_normalizes(a.cfg) ? pow2(E) : 1.0f, a.out_msg, nullptr, scratch().words);
       continue;
     }
 #endif

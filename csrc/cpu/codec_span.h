@@ -86,6 +86,12 @@ inline void store_values(const float* buf, int64_t count, void* out, int32_t dty
   buf += body;
   first += body;
   count -= body;
+#elif defined(FP4Q_AVX2)
+  const int64_t body = count / 8 * 8;
+  avx2::store_values(buf, body, out, dtype, first, saturate, stream);
+  buf += body;
+  first += body;
+  count -= body;
 #endif
   if (dtype == kF32) {
     float* p = static_cast<float*>(out) + first;

@@ -1,9 +1,10 @@
-// AVX2 pieces of the CPU codec (included by codec_span.h in codec_avx2.cpp only): the FP4
-// codes with their E4M3 micro-scales, for CPUs without AVX-512 (AMD Zen 3 and earlier, Intel's
-// client cores).  Without them those CPUs ran the plain loops of codec_span.h, whose per-value
-// encoder GCC does not vectorize: 10x slower than the AVX-512 path.  Each computes exactly what
-// the scalar loop it replaces computes: the same IEEE operations on the same operands, eight
-// values per instruction.  One 16-value micro-group is two registers.
+// AVX2 pieces of the CPU codec, part two: the FP4 codes with their E4M3 micro-scales
+// (included by codec_span.h in codec_avx2.cpp only; the transform is in simd_avx2_fwht.h), for
+// CPUs without AVX-512 (AMD Zen 3 and earlier, Intel's client cores).  Without them those
+// CPUs ran the plain loops of codec_span.h, whose per-value encoder GCC does not vectorize:
+// 10x slower than the AVX-512 path.  Each computes exactly what the scalar loop it replaces
+// computes: the same IEEE operations on the same operands, eight values per instruction.  One
+// 16-value micro-group is two registers.
 #pragma once
 
 #include <immintrin.h>
@@ -11,20 +12,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "simd_avx2_fwht.h"
+
+
 namespace fp4q {
 namespace cpu {
 namespace {
 namespace avx2 {
-
-inline __m256i abs_bits(__m256 v) { return _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7FFFFFFF)); }
-
-// 8 input values from index i of x as floats (float32, bfloat16 or float16; exact).
-template <int32_t dtype>
-inline __m256 load_input(const void* x, int64_t i) {
-  if (dtype == kF32) return _mm256_loadu_ps(static_cast<const float*>(x) + i);
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
-  return dtype == kBF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
-}
 
 // Lane k: the largest |value| bits of micro-group k (16 values at b + 16k), for 8 micro-groups;
 // compared as integers (the order of non-negative floats, +inf and then NaN above every
@@ -46,6 +40,16 @@ inline __m256i group_max_bits8(const void* b) {
   const __m256i v = _mm256_max_epu32(_mm256_castps_si256(_mm256_shuffle_ps(a, c, 0x88)),
                                      _mm256_castps_si256(_mm256_shuffle_ps(a, c, 0xDD)));
   return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// The low byte of each 32-bit lane of v, in order, at bytes at .. at+3 of each 128-bit half
+// (at: 0 or 4; zeros elsewhere).
+inline __m256i low_bytes_at(__m256i v, int at) {
+  const __m256i at0 = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                       0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i at4 = _mm256_setr_epi8(-1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                       -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1);
+  return _mm256_shuffle_epi8(v, at == 0 ? at0 : at4);
 }
 
 // E4M3 micro-scales of 8 micro-groups from their maxima (fp4q::micro_scale for e4m3 scales;
@@ -78,231 +82,18 @@ inline void e4m3_micro_scales8(__m256 amax, __m256i finite, float c, bool coarse
   const __m256i qbits = _mm256_castps_si256(q);
   // E4M3 byte of a normal value: biased exponent (e + 7) and the top three mantissa bits
   const __m256i exp = _mm256_sub_epi32(_mm256_srli_epi32(qbits, 23), _mm256_set1_epi32(127 - 7));
-  __m256i bytes = _mm256_or_si256(_mm256_slli_epi32(exp, 3), _mm256_and_si256(_mm256_srli_epi32(qbits, 20), _mm256_set1_epi32(7)));
+  const __m256i mant = _mm256_and_si256(_mm256_srli_epi32(qbits, 20), _mm256_set1_epi32(7));
+  __m256i bytes = _mm256_or_si256(_mm256_slli_epi32(exp, 3), mant);
   bytes = _mm256_blendv_epi8(_mm256_set1_epi32(0x7F), bytes, finite);  // NaN scale for non-finite groups
   const __m256 rv = coarse ? (c == 0.0f ? _mm256_setzero_ps() : _mm256_div_ps(_mm256_set1_ps(1.0f / c), q))
                            : _mm256_div_ps(_mm256_set1_ps(1.0f), q);
   // the low byte of each lane, in order
-  const __m256i packed = _mm256_shuffle_epi8(bytes, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                                     -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                                     -1, -1, -1, -1));
+  const __m256i packed = low_bytes_at(bytes, 0);
   const uint32_t lo4 = uint32_t(_mm256_cvtsi256_si32(packed));
   const uint32_t hi4 = uint32_t(_mm_cvtsi128_si32(_mm256_extracti128_si256(packed, 1)));
   const uint64_t all = uint64_t(lo4) | (uint64_t(hi4) << 32);
   std::memcpy(stored, &all, size_t(count));
   _mm256_storeu_ps(r, rv);
-}
-
-// The finite amax of n values of x (a multiple of 8), read in place: the largest |value| bits
-// as integers (one cycle a maximum); where that is not finite, the maximum over the finite values.
-template <int32_t dtype>
-inline float input_amax_t(const void* x, int64_t n) {
-  __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    m0 = _mm256_max_epu32(m0, abs_bits(load_input<dtype>(x, i)));
-    m1 = _mm256_max_epu32(m1, abs_bits(load_input<dtype>(x, i + 8)));
-  }
-  for (; i < n; i += 8) m0 = _mm256_max_epu32(m0, abs_bits(load_input<dtype>(x, i)));
-  alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(m0, m1));
-  uint32_t top = 0;
-  for (uint32_t v : lanes) top = v > top ? v : top;
-  if (top < 0x7F800000u) return u2f(top);
-  __m256i f = _mm256_setzero_si256();  // a non-finite value: the largest finite bits
-  const __m256i inf = _mm256_set1_epi32(0x7F800000);
-  for (i = 0; i < n; i += 8) {
-    const __m256i a = abs_bits(load_input<dtype>(x, i));
-    f = _mm256_max_epu32(f, _mm256_and_si256(a, _mm256_cmpgt_epi32(inf, a)));
-  }
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), f);
-  top = 0;
-  for (uint32_t v : lanes) top = v > top ? v : top;
-  return u2f(top);
-}
-
-inline float finite_amax(const float* b, int64_t n) { return input_amax_t<kF32>(b, n); }
-
-// The finite amax of count values of x from index first (count a multiple of 8), read in place.
-inline float input_amax(const void* x, int32_t dtype, int64_t first, int64_t count) {
-  if (dtype == kF32) return input_amax_t<kF32>(static_cast<const float*>(x) + first, count);
-  const uint16_t* h = static_cast<const uint16_t*>(x) + first;
-  return dtype == kBF16 ? input_amax_t<kBF16>(h, count) : input_amax_t<kF16>(h, count);
-}
-
-// ---- the transform's butterflies ----
-
-// One butterfly stage of stride h < 8 inside a register (simd_avx512_fwht.h's
-// stage_in_register, eight lanes): lanes with bit h clear get a + b, lanes with it set a - b,
-// as v * sign + partner in one fused multiply-add (the product is exact: one rounding, the
-// sum's).  `sign`: -1 in the upper lanes, else 1.
-template <int h>
-inline __m256 stage_in_register(__m256 v, __m256 sign) {
-  static_assert(h == 1 || h == 2 || h == 4, "a stride inside one 8-lane register");
-  const __m256 partner = h == 1 ? _mm256_permute_ps(v, 0xB1)                    // lanes 1 0 3 2
-                         : h == 2 ? _mm256_permute_ps(v, 0x4E)                  // lanes 2 3 0 1
-                                  : _mm256_permute2f128_ps(v, v, 0x01);         // halves swapped
-  return _mm256_fmadd_ps(v, sign, partner);
-}
-
-// R registers r[0..R) of 8 values each, R/2 .. 1 apart in a block: the stages of strides
-// 8 * (1, 2, .. R/2) across them (lower + upper, lower - upper).
-template <int R>
-inline void stages_across(__m256* r) {
-#pragma GCC unroll 4
-  for (int m = 1; m < R; m *= 2) {
-#pragma GCC unroll 8
-    for (int k = 0; k < R; ++k) {
-      if (k & m) continue;
-      const __m256 a = r[k], c = r[k + m];
-      r[k] = _mm256_add_ps(a, c);
-      r[k + m] = _mm256_sub_ps(a, c);
-    }
-  }
-}
-
-// What the last pass of a fused transform does to each value (at index `at`) before storing
-// it.  The forward transform's: times post, then the largest |value| bits kept in m.
-struct LastOps {
-  __m256 post;
-  __m256i m;
-  __m256 apply(__m256 v, int64_t) {
-    v = _mm256_mul_ps(v, post);
-    m = _mm256_max_epu32(m, abs_bits(v));
-    return v;
-  }
-};
-
-// The inverse transform's: times post, then the value's sign (where signs is given), then
-// times f (where f_on) -- as inverse_fwht's scale_by and multiply, then finish_span's 2**E.
-struct InverseOps {
-  __m256 post;
-  const float* signs;
-  bool f_on;
-  __m256 f;
-  __m256 apply(__m256 v, int64_t at) {
-    v = _mm256_mul_ps(v, post);
-    if (signs) v = _mm256_mul_ps(v, _mm256_loadu_ps(signs + at));
-    return f_on ? _mm256_mul_ps(v, f) : v;
-  }
-};
-
-// One pass over n values of the stages h, 2h, .. h * (R/2) (h >= 8), R registers at a time;
-// where kLast, the stages end here, then last's operations.
-template <int R, bool kLast, class Ops>
-inline void stages_pass(float* b, int64_t n, int64_t h, Ops& last_ops) {
-  Ops last = last_ops;  // a copy the stores to b cannot alias: its fields stay in registers
-  for (int64_t i = 0; i < n; i += R * h) {
-    for (int64_t j = 0; j < h; j += 8) {
-      __m256 r[R];
-#pragma GCC unroll 8
-      for (int k = 0; k < R; ++k) r[k] = _mm256_loadu_ps(b + i + j + k * h);
-      stages_across<R>(r);
-#pragma GCC unroll 8
-      for (int k = 0; k < R; ++k) _mm256_storeu_ps(b + i + j + k * h, kLast ? last.apply(r[k], i + j + k * h) : r[k]);
-    }
-  }
-  last_ops = last;
-}
-
-// The passes after the first (strides h .. n/2), up to three strides each; the last one
-// ends with last's operations where kLast.
-template <bool kLast, class Ops>
-inline void later_passes(float* b, int64_t n, int64_t h, Ops& last) {
-  while (h < n) {
-    const int64_t left = n / h;  // strides h .. n/2 remain: log2(left) stages
-    if (left > 8) stages_pass<8, false>(b, n, h, last);
-    if (left == 8) stages_pass<8, kLast>(b, n, h, last);
-    if (left == 4) stages_pass<4, kLast>(b, n, h, last);
-    if (left == 2) stages_pass<2, kLast>(b, n, h, last);
-    h *= left >= 8 ? 8 : left;
-  }
-}
-
-// The quantize's forward transform of n values of x (a power of two >= 64) into b, fused into
-// three passes for 2048: each value times pre, then its sign (where signs is given), the
-// butterflies, then times post -- the same IEEE operations on each value as scale_by,
-// multiply, butterflies and scale_by in turn.  Returns the finite amax of the result.
-template <int32_t dtype>
-inline float fwht_forward_t(const void* x, float* b, int64_t n, float pre, const float* signs, float post) {
-  const __m256 one = _mm256_set1_ps(1.0f), minus = _mm256_set1_ps(-1.0f);
-  const __m256 s1 = _mm256_blend_ps(one, minus, 0xAA), s2 = _mm256_blend_ps(one, minus, 0xCC),
-               s4 = _mm256_blend_ps(one, minus, 0xF0);
-  const __m256 p = _mm256_set1_ps(pre);
-  LastOps last{_mm256_set1_ps(post), _mm256_setzero_si256()};
-  for (int64_t i = 0; i < n; i += 64) {  // strides 1 .. 32
-    __m256 r[8];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      __m256 v = _mm256_mul_ps(load_input<dtype>(x, i + 8 * k), p);
-      if (signs) v = _mm256_mul_ps(v, _mm256_loadu_ps(signs + i + 8 * k));
-      r[k] = stage_in_register<4>(stage_in_register<2>(stage_in_register<1>(v, s1), s2), s4);
-    }
-    stages_across<8>(r);
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) _mm256_storeu_ps(b + i + 8 * k, n == 64 ? last.apply(r[k], i + 8 * k) : r[k]);
-  }
-  later_passes<true>(b, n, 64, last);
-  alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), last.m);
-  uint32_t top = 0;
-  for (uint32_t v : lanes) top = v > top ? v : top;
-  return top < 0x7F800000u ? u2f(top) : finite_amax(b, n);
-}
-
-inline float fwht_forward(const void* x, int32_t dtype, float* b, int64_t n, float pre, const float* signs, float post) {
-  if (dtype == kF32) return fwht_forward_t<kF32>(x, b, n, pre, signs, post);
-  if (dtype == kBF16) return fwht_forward_t<kBF16>(x, b, n, pre, signs, post);
-  return fwht_forward_t<kF16>(x, b, n, pre, signs, post);
-}
-
-// All radix-2 stages on n values (a power of two >= 16), as codec_span.h's butterflies(): the
-// first pass does strides 1 .. 32 on 64 values at a time (8 registers: AVX2 has 16), each later
-// pass up to three strides more.
-inline void butterflies(float* b, int64_t n) {
-  const __m256 one = _mm256_set1_ps(1.0f), minus = _mm256_set1_ps(-1.0f);
-  const __m256 s1 = _mm256_blend_ps(one, minus, 0xAA), s2 = _mm256_blend_ps(one, minus, 0xCC),
-               s4 = _mm256_blend_ps(one, minus, 0xF0);
-  const int64_t block = n < 64 ? n : 64;
-  for (int64_t i = 0; i < n; i += block) {
-    __m256 r[8];
-    const int R = int(block / 8);
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      if (k >= R) break;
-      r[k] = stage_in_register<4>(stage_in_register<2>(stage_in_register<1>(_mm256_loadu_ps(b + i + 8 * k), s1), s2), s4);
-    }
-    if (R == 8) stages_across<8>(r);
-    if (R == 4) stages_across<4>(r);
-    if (R == 2) stages_across<2>(r);
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      if (k >= R) break;
-      _mm256_storeu_ps(b + i + 8 * k, r[k]);
-    }
-  }
-  LastOps none{};
-  later_passes<false>(b, n, block, none);
-}
-
-// The inverse transform of the n values in b (a power of two >= 64) with the operations after
-// it (InverseOps) fused into its last pass: the same IEEE operations on each value as
-// butterflies, scale_by, multiply and scale_by in turn.
-inline void fwht_inverse(float* b, int64_t n, float post, const float* signs, bool f_on, float f) {
-  const __m256 one = _mm256_set1_ps(1.0f), minus = _mm256_set1_ps(-1.0f);
-  const __m256 s1 = _mm256_blend_ps(one, minus, 0xAA), s2 = _mm256_blend_ps(one, minus, 0xCC),
-               s4 = _mm256_blend_ps(one, minus, 0xF0);
-  InverseOps last{_mm256_set1_ps(post), signs, f_on, _mm256_set1_ps(f)};
-  for (int64_t i = 0; i < n; i += 64) {  // strides 1 .. 32
-    __m256 r[8];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k)
-      r[k] = stage_in_register<4>(stage_in_register<2>(stage_in_register<1>(_mm256_loadu_ps(b + i + 8 * k), s1), s2), s4);
-    stages_across<8>(r);
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) _mm256_storeu_ps(b + i + 8 * k, n == 64 ? last.apply(r[k], i + 8 * k) : r[k]);
-  }
-  later_passes<true>(b, n, 64, last);
 }
 
 // The high 16 bits of each float lane of v, with bit 0 set where the low 16 are not all zero.
@@ -346,11 +137,7 @@ inline __m128i pack_codes2(__m256i a, __m256i b) {
   // each 32-bit lane: (even code) | (odd code) << 4 in its low byte; a's bytes gathered into
   // bytes 0-3 of each half, b's into bytes 4-7
   const __m256i pa = _mm256_or_si256(a, _mm256_srli_epi32(a, 12)), pb = _mm256_or_si256(b, _mm256_srli_epi32(b, 12));
-  const __m256i low = _mm256_or_si256(
-      _mm256_shuffle_epi8(pa, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
-                                               -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)),
-      _mm256_shuffle_epi8(pb, _mm256_setr_epi8(-1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                               0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1)));
+  const __m256i low = _mm256_or_si256(low_bytes_at(pa, 0), low_bytes_at(pb, 4));
   // half 0: pairs of values 0-3, 8-11 of a, then of b; half 1: 4-7, 12-15: interleaved by words
   return _mm_unpacklo_epi16(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
 }
@@ -435,10 +222,11 @@ inline __m256 e4m3_values8(__m128i bytes) {
 inline __m256 e2m1_decode8(uint32_t four_bytes, __m256 s) {
   const __m256 table = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
   // byte j in lanes 2j and 2j+1, shifted by 0 and 4: code in the low nibble (higher bits above)
-  const __m256i bytes = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(int(four_bytes)),
-                                                              _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1)));
+  const __m128i twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i bytes = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(int(four_bytes)), twice));
   const __m256i code = _mm256_srlv_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
-  const __m256 sign = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(code, 28), _mm256_set1_epi32(int32_t(0x80000000u))));
+  const __m256i sign_bit = _mm256_set1_epi32(int32_t(0x80000000u));
+  const __m256 sign = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(code, 28), sign_bit));
   return _mm256_mul_ps(_mm256_xor_ps(_mm256_permutevar8x32_ps(table, code), sign), s);
 }
 

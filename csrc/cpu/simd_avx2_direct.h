@@ -1,10 +1,11 @@
 // AVX2 quantize of a span straight from the input (included by codec_generic.h in
 // codec_avx2.cpp only; simd_avx512_direct.h's, eight lanes, with the same names and
 // arguments), for FP4 codes under E4M3 micro-scales of 16 values:
-//  - without the transform and with round-to-nearest (quantize_span_direct): pass one finds
-//    the micro-groups' maxima of |x|, pass two normalizes and encodes, reading the input again
-//    (from the caches) and writing nothing but the message.  Bit for bit the general path's
-//    result: x * 2**-e rounds monotonically, so max|x * 2**-e| is max|x| * 2**-e rounded.
+//  - without the transform and with round-to-nearest (codec_generic.h's quantize_span_direct runs
+//    both passes): pass one finds the micro-groups' maxima of |x|, pass two normalizes and
+//    encodes, reading the input again (from the caches) and writing nothing but the message.
+//    Bit for bit the general path's result: x * 2**-e rounds monotonically, so
+//    max|x * 2**-e| is max|x| * 2**-e rounded.
 //  - with the transform and a per-group coarse scale (quantize_span_transformed, fp4quant's
 //    method): the input's finite amax read in place, the FWHT's first pass reading the input
 //    itself and its last one taking the amax of the result.
@@ -104,58 +105,6 @@ inline void encode_span_direct_t(const Config& cfg, const Layout& lay, const voi
       std::memcpy(codes + 8 * i, &packed, 8);
     }
   }
-}
-
-// Both passes over one span of len values v, message values first .. first+len-1 (maxima
-// known: from a tensor pre-pass, pass one is skipped): the coarse scale (per group) times
-// sum_scale, micro-scales and codes, as normalize_and_transform + encode_prepared.
-// tensor_e, tensor_c: the tensor's exponent and coarse scale (coarse == tensor); ahead: as
-// encode_span_direct_t; scratch: len / 8 words.
-template <int32_t dtype>
-inline void quantize_span_direct_t(const Config& cfg, const Layout& lay, const void* v, int64_t first, int64_t len,
-                                   int64_t ahead, int tensor_e, float tensor_c, float sum_scale, uint8_t* msg,
-                                   const uint32_t* known_maxima, uint32_t* scratch) {
-  const uint32_t* maxima = known_maxima;  // known only from a tensor scale's pre-pass: raw is not needed then
-  float raw = 0.0f;
-  if (!maxima) {
-    raw = span_maxima_t<dtype>(v, len, scratch);
-    maxima = scratch;
-  }
-  int e = 0;
-  float c = tensor_c;
-  if (cfg.coarse == kCoarseGroup) {
-    e = normalizing_exponent(raw);
-    c = (raw * pow2(-e)) / coarse_divisor(cfg);  // the normalized span's amax, exactly
-    store_u32_le(msg + 4 * (first / cfg.group), f2u((c * pow2(e)) * sum_scale));
-  }
-  if (cfg.coarse == kCoarseTensor) e = tensor_e;
-  float* r = reinterpret_cast<float*>(scratch + len / 16);
-  if (cfg.coarse == kCoarseNone) encode_span_direct_t<dtype, false>(cfg, lay, v, first, len, ahead, e, c, msg, maxima, r);
-  else encode_span_direct_t<dtype, true>(cfg, lay, v, first, len, ahead, e, c, msg, maxima, r);
-}
-
-// quantize_span_direct_t for values of the dtype: the span of the row x at first .. first+len-1
-// (n values in the row; sum_scale 1).
-inline void quantize_span_direct(const Config& cfg, const Layout& lay, const void* x, int32_t dtype, int64_t first,
-                                 int64_t len, int tensor_e, float tensor_c, uint8_t* msg, const uint32_t* known_maxima,
-                                 uint32_t* scratch) {
-  const int64_t ahead = ahead_values(first, len, lay.n);
-  if (dtype == kF32)
-    return quantize_span_direct_t<kF32>(cfg, lay, static_cast<const float*>(x) + first, first, len, ahead, tensor_e,
-                                        tensor_c, 1.0f, msg, known_maxima, scratch);
-  const uint16_t* h = static_cast<const uint16_t*>(x) + first;
-  if (dtype == kBF16)
-    return quantize_span_direct_t<kBF16>(cfg, lay, h, first, len, ahead, tensor_e, tensor_c, 1.0f, msg, known_maxima,
-                                         scratch);
-  quantize_span_direct_t<kF16>(cfg, lay, h, first, len, ahead, tensor_e, tensor_c, 1.0f, msg, known_maxima, scratch);
-}
-
-// Pass one of the span at first .. first+len-1 of the row x for a tensor pre-pass: maxima into
-// `maxima`, the span's finite amax returned.
-inline float span_maxima(const void* x, int32_t dtype, int64_t first, int64_t len, uint32_t* maxima) {
-  if (dtype == kF32) return span_maxima_t<kF32>(static_cast<const float*>(x) + first, len, maxima);
-  const uint16_t* h = static_cast<const uint16_t*>(x) + first;
-  return dtype == kBF16 ? span_maxima_t<kBF16>(h, len, maxima) : span_maxima_t<kF16>(h, len, maxima);
 }
 
 // Whether quantize_span_transformed computes this span: the config it is written for (either
