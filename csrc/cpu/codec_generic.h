@@ -23,14 +23,6 @@ namespace fp4q {
 namespace cpu {
 namespace {
 
-// The hand-written pieces of this file's instruction set (the same names and arguments in both)
-#if defined(FP4Q_AVX512)
-#define FP4Q_SIMD 1
-namespace simd = avx512;
-#elif defined(FP4Q_AVX2)
-#define FP4Q_SIMD 1
-namespace simd = avx2;
-#endif
 
 #if defined(FP4Q_SIMD)
 // ---- a span quantized straight from its input (simd_*_direct.h's two passes) ----

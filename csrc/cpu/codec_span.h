@@ -15,6 +15,15 @@ namespace fp4q {
 namespace cpu {
 namespace {
 
+// The hand-written pieces of this file's instruction set (the same names and arguments in both)
+#if defined(FP4Q_AVX512)
+#define FP4Q_SIMD 1
+namespace simd = avx512;
+#elif defined(FP4Q_AVX2)
+#define FP4Q_SIMD 1
+namespace simd = avx2;
+#endif
+
 // Values per span (a group is always exactly one span), and the number of spans.
 inline int64_t span_values(const Layout& lay) { return lay.span; }
 inline int64_t span_count(const Layout& lay) { return (lay.padded + span_values(lay) - 1) / span_values(lay); }
@@ -80,15 +89,9 @@ inline void load_values_times(const void* x, int32_t dtype, int64_t first, int64
 // stream: the output is too large to stay in the caches (streaming stores where they can).
 inline void store_values(const float* buf, int64_t count, void* out, int32_t dtype, int64_t first, bool saturate,
                          bool stream = false) {
-#if defined(FP4Q_AVX512)
-  const int64_t body = count / 16 * 16;
-  avx512::store_values(buf, body, out, dtype, first, saturate, stream);
-  buf += body;
-  first += body;
-  count -= body;
-#elif defined(FP4Q_AVX2)
-  const int64_t body = count / 8 * 8;
-  avx2::store_values(buf, body, out, dtype, first, saturate, stream);
+#if defined(FP4Q_SIMD)
+  const int64_t body = count / simd::kLanes * simd::kLanes;
+  simd::store_values(buf, body, out, dtype, first, saturate, stream);
   buf += body;
   first += body;
   count -= body;

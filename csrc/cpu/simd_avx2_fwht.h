@@ -14,6 +14,8 @@ namespace cpu {
 namespace {
 namespace avx2 {
 
+constexpr int64_t kLanes = 8;  // floats per register
+
 inline __m256i abs_bits(__m256 v) { return _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7FFFFFFF)); }
 
 // 8 input values from index i of x as floats (float32, bfloat16 or float16; exact).

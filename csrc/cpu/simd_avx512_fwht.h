@@ -13,6 +13,8 @@ namespace cpu {
 namespace {
 namespace avx512 {
 
+constexpr int64_t kLanes = 16;  // floats per register
+
 inline __m512 abs_ps(__m512 v) {
   return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)));
 }

@@ -299,6 +299,31 @@ def test_every_instruction_set_is_bit_exact(isa):
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
+def test_the_instruction_set_is_the_one_asked_for():
+    """FP4QUANT_CPU_ISA, where set (as the test below sets it), chooses the kernels; unset, the widest the CPU has."""
+    want = os.environ.get("FP4QUANT_CPU_ISA") or cpu_isas()[-1]
+    assert ops._native.module.cpu_isa() == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_this_files_bit_exact_tests_under_every_instruction_set(isa):
+    """The run itself uses the widest instruction set only: this file's bit-exactness tests again
+    with each narrower one the CPU has (on an AVX-512 machine the AVX2 kernels are otherwise
+    checked only by the script above)."""
+    if isa not in cpu_isas():
+        pytest.skip(f"this CPU has no {isa}")
+    if isa == cpu_isas()[-1]:
+        pytest.skip(f"{isa} is the default here: the run itself tested it")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "FP4QUANT_CPU_ISA": isa}
+    selected = "(bit_exact and not instruction_set) or instruction_set_is_the_one"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", os.path.abspath(__file__),
+                          "-k", selected], env=env, cwd=root, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and " failed" not in out.stdout, out.stdout[-2000:]
+
+
 def test_reference_fallback_warns_once_and_matches():
     script = (
         "import warnings, torch\n"
