@@ -14,7 +14,6 @@
 
 #include "simd_avx2_fwht.h"
 
-
 namespace fp4q {
 namespace cpu {
 namespace {
@@ -55,7 +54,7 @@ inline __m256i low_bytes_at(__m256i v, int at) {
 // E4M3 micro-scales of 8 micro-groups from their maxima (fp4q::micro_scale for e4m3 scales;
 // simd_avx512.h's e4m3_micro_scales, eight lanes): t = (amax / 6) / c, clamped to [2**-6, 448]
 // and rounded onto the E4M3 grid; the decoded scale m is the rounded value itself; r = (1/c) /
-// m (or 1/m).  Non-finite groups (lanes not in `finite`, all ones) store the NaN byte.
+// m (or 1/m).  `finite`: all ones in the lanes of finite groups; the others store the NaN byte.
 inline void e4m3_micro_scales8(__m256 amax, __m256i finite, float c, bool coarse, int32_t rule, uint8_t* stored,
                                float* r, int count) {
   __m256 t = _mm256_div_ps(amax, _mm256_set1_ps(6.0f));
