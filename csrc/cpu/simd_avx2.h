@@ -177,7 +177,8 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
     const __m256i finite = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7F800000), m);
     const __m256 amax = _mm256_and_ps(_mm256_castsi256_ps(m), _mm256_castsi256_ps(finite));
     e4m3_micro_scales8(amax, finite, c, coarse, cfg.scale_round, scales + j0, r + j0, count);
-    finite_of[j0 / 8] = uint8_t(_mm256_movemask_ps(_mm256_castsi256_ps(finite)));
+    // lanes past the span's last micro-group hold a zero maximum, "finite": their bits cleared
+    finite_of[j0 / 8] = uint8_t(_mm256_movemask_ps(_mm256_castsi256_ps(finite)) & ((1 << count) - 1));
     all_finite = all_finite && finite_of[j0 / 8] == uint8_t((1u << count) - 1u);
   }
   if (all_finite && micros % 2 == 0) {  // the common case: two micro-groups a store, no test
