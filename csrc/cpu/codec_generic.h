@@ -62,7 +62,7 @@ inline void quantize_span_direct_t(const Config& cfg, const Layout& lay, const v
 inline void quantize_span_direct(const Config& cfg, const Layout& lay, const void* x, int32_t dtype, int64_t first,
                                  int64_t len, int tensor_e, float tensor_c, uint8_t* msg, const uint32_t* known_maxima,
                                  uint32_t* scratch) {
-  const int64_t ahead = simd::ahead_values(first, len, lay.n);
+  const int64_t ahead = ahead_values(first, len, lay.n);
   if (dtype == kF32)
     return quantize_span_direct_t<kF32>(cfg, lay, static_cast<const float*>(x) + first, first, len, ahead, tensor_e,
                                         tensor_c, 1.0f, msg, known_maxima, scratch);

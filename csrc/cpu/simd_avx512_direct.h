@@ -13,27 +13,13 @@
 // Both fetch a later span while they compute: at 64 MiB the input comes from memory.
 #pragma once
 
-#include <type_traits>
-
 #include "simd_avx512.h"
+#include "span_ahead.h"
 
 namespace fp4q {
 namespace cpu {
 namespace {
 namespace avx512 {
-
-template <int32_t dtype>
-using Value = typename std::conditional<dtype == kF32, float, uint16_t>::type;
-
-// Spans are fetched this many ahead of the one being encoded (one line per micro-group
-// encoded): the memory's latency is then hidden behind the encoding.
-constexpr int64_t kAheadSpans = 2;
-
-// Values of the span kAheadSpans after the one at first .. first+len-1 that the row has.
-inline int64_t ahead_values(int64_t first, int64_t len, int64_t n) {
-  const int64_t left = n - (first + kAheadSpans * len);
-  return left < 0 ? 0 : (left < len ? left : len);
-}
 
 // Whether quantize_span_direct computes this span: the config it is written for, a span of
 // whole blocks of 16 micro-groups, every value present.
