@@ -254,6 +254,11 @@ void dequantize_spans(void* ctx, int64_t s0, int64_t s1) {
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t first = s * span_values(a.lay), len = span_len(a.lay, s);
     const int E = decode_normalizes(a.cfg) ? block_exponent(a.cfg, a.lay, msg, first, len) : 0;
+#if defined(FP4Q_SIMD)
+    if (dequantize_span_direct(a.cfg, a.lay, msg, first, len, E, a.out, a.out_dtype, r.row * a.lay.n + first,
+                               a.saturate, r.stream))
+      continue;
+#endif
     decode_span(a.cfg, a.lay, msg, first, len, b, E);
 #if defined(FP4Q_AVX512)
     if (a.cfg.fwht && len % 16 == 0 && first + len <= a.lay.n) {  // the transform's last pass stores the values

@@ -301,15 +301,21 @@ inline int block_exponent(const Config& cfg, const Layout& lay, const uint8_t* m
   return normalizing_exponent(m);
 }
 
+// What decode_span multiplies each micro-scale by: the span's coarse scale (1 without one),
+// times 2**-E where decode_normalizes(cfg).
+inline float decode_factor(const Config& cfg, const uint8_t* msg, int64_t first, int E) {
+  float f = 1.0f;
+  if (cfg.coarse == kCoarseGroup) f = read_f32_le(msg + 4 * (first / cfg.group));
+  if (cfg.coarse == kCoarseTensor) f = read_f32_le(msg);
+  return decode_normalizes(cfg) ? f * pow2(-E) : f;
+}
+
 // Decode one span of a message into b (S values, padding included) in the transformed
 // domain, against 2**-E where decode_normalizes(cfg): code * m * (c * 2**-E).  accumulate:
 // add the decoded values to b instead (b + decoded, as a sum of spans in row order).
 inline void decode_span(const Config& cfg, const Layout& lay, const uint8_t* msg, int64_t first, int64_t S, float* b,
                         int E, bool accumulate = false) {
-  float f = 1.0f;
-  if (cfg.coarse == kCoarseGroup) f = read_f32_le(msg + 4 * (first / cfg.group));
-  if (cfg.coarse == kCoarseTensor) f = read_f32_le(msg);
-  if (decode_normalizes(cfg)) f = f * pow2(-E);
+  const float f = decode_factor(cfg, msg, first, E);
   const int64_t M = cfg.micro_group;
 #if defined(FP4Q_AVX512)
   if (cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && M == 16) {
@@ -354,6 +360,22 @@ inline void decode_span(const Config& cfg, const Layout& lay, const uint8_t* msg
     }
   }
 }
+
+#if defined(FP4Q_SIMD)
+// Dequantize a span of a message without the transform into out (from index out_first) in one
+// pass, where the config and the span allow it (every value present): the same operations on
+// each value as decode_span, finish_span and store_values.  Returns whether it did.
+inline bool dequantize_span_direct(const Config& cfg, const Layout& lay, const uint8_t* msg, int64_t first, int64_t S,
+                                   int E, void* out, int32_t dtype, int64_t out_first, bool saturate, bool stream) {
+  if (cfg.fwht || cfg.element != kE2M1 || cfg.micro_scale != kScaleE4M3 || cfg.micro_group != 16 ||
+      first + S > lay.n)
+    return false;
+  simd::dequantize_fp4_e4m3_span(msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2, S / 16,
+                                 decode_factor(cfg, msg, first, E), decode_normalizes(cfg), pow2(E), out, dtype,
+                                 out_first, saturate, stream);
+  return true;
+}
+#endif
 
 // Decoded (normalized, transformed) values -> values: the inverse FWHT, then 2**E.
 inline void finish_span(const Config& cfg, float* b, int64_t S, int E, const float* signs, float inv_sqrt) {

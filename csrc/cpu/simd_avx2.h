@@ -230,10 +230,10 @@ inline __m256 e2m1_decode8(uint32_t four_bytes, __m256 s) {
   return _mm256_mul_ps(_mm256_xor_ps(_mm256_permutevar8x32_ps(table, code), sign), s);
 }
 
-// `micros` micro-groups of FP4 codes under E4M3 micro-scales into b (or added to b):
-// code value * (micro-scale * f), as decode_span.
-inline void decode_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, float* b,
-                                 bool accumulate) {
+// `micros` micro-groups of FP4 codes under E4M3 micro-scales, decoded eight values at a time:
+// put(i, v) with v = code value * (micro-scale * f) of values i .. i+7, as decode_span.
+template <class Put>
+inline void decode_fp4_e4m3_each(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, Put put) {
   for (int64_t j0 = 0; j0 < micros; j0 += 8) {
     const int count = micros - j0 < 8 ? int(micros - j0) : 8;
     uint64_t eight = 0;
@@ -246,16 +246,37 @@ inline void decode_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, in
       std::memcpy(&lo, in, 4);
       std::memcpy(&hi, in + 4, 4);
       const __m256 sk = _mm256_set1_ps(s[k]);
-      float* out = b + 16 * (j0 + k);
-      __m256 v0 = e2m1_decode8(lo, sk), v1 = e2m1_decode8(hi, sk);
-      if (accumulate) {
-        v0 = _mm256_add_ps(_mm256_loadu_ps(out), v0);
-        v1 = _mm256_add_ps(_mm256_loadu_ps(out + 8), v1);
-      }
-      _mm256_storeu_ps(out, v0);
-      _mm256_storeu_ps(out + 8, v1);
+      put(16 * (j0 + k), e2m1_decode8(lo, sk));
+      put(16 * (j0 + k) + 8, e2m1_decode8(hi, sk));
     }
   }
+}
+
+// The decoded values into b (or added to b).
+inline void decode_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, float* b,
+                                 bool accumulate) {
+  decode_fp4_e4m3_each(scales, codes, micros, f, [=](int64_t i, __m256 v) {
+    _mm256_storeu_ps(b + i, accumulate ? _mm256_add_ps(_mm256_loadu_ps(b + i), v) : v);
+  });
+}
+
+// The decoded values times p (where p_on: finish_span's 2**E without the transform), rounded
+// to dtype into out from index first: decode_span, finish_span and store_values in one pass.
+template <int32_t dtype>
+inline void dequantize_fp4_e4m3_t(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, bool p_on,
+                                  float p, void* out, int64_t first, bool saturate, bool stream) {
+  const __m256 pv = _mm256_set1_ps(p);
+  decode_fp4_e4m3_each(scales, codes, micros, f, [=](int64_t i, __m256 v) {
+    store8(p_on ? _mm256_mul_ps(v, pv) : v, out, dtype, first + i, saturate, stream);
+  });
+}
+
+inline void dequantize_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, bool p_on,
+                                     float p, void* out, int32_t dtype, int64_t first, bool saturate, bool stream) {
+  stream = stream && dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(out) + first) & 31) == 0;
+  if (dtype == kF32) return dequantize_fp4_e4m3_t<kF32>(scales, codes, micros, f, p_on, p, out, first, saturate, stream);
+  if (dtype == kBF16) return dequantize_fp4_e4m3_t<kBF16>(scales, codes, micros, f, p_on, p, out, first, saturate, stream);
+  dequantize_fp4_e4m3_t<kF16>(scales, codes, micros, f, p_on, p, out, first, saturate, stream);
 }
 
 }  // namespace avx2

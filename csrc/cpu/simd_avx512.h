@@ -373,21 +373,44 @@ inline __m512 e4m3_values(__m128i bytes) {
   return _mm512_castsi512_ps(_mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC00000)));
 }
 
-// `micros` micro-groups of FP4 codes under E4M3 micro-scales into b (or added to b):
-// code value * (micro-scale * f), as decode_span.
-inline void decode_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, float* b,
-                                 bool accumulate) {
+// `micros` micro-groups of FP4 codes under E4M3 micro-scales, decoded a micro-group at a time:
+// put(i, v) with v = code value * (micro-scale * f) of values i .. i+15, as decode_span.
+template <class Put>
+inline void decode_fp4_e4m3_each(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, Put put) {
   for (int64_t j0 = 0; j0 < micros; j0 += 16) {
     const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
     const __m128i bytes = _mm_maskz_loadu_epi8(__mmask16((1u << count) - 1u), scales + j0);
     alignas(64) float s[16];
     _mm512_store_ps(s, _mm512_mul_ps(e4m3_values(bytes), _mm512_set1_ps(f)));
-    for (int64_t k = 0; k < count; ++k) {
-      float* out = b + 16 * (j0 + k);
-      const __m512 v = e2m1_decode(codes + 8 * (j0 + k), s[k]);
-      _mm512_storeu_ps(out, accumulate ? _mm512_add_ps(_mm512_loadu_ps(out), v) : v);
-    }
+    for (int64_t k = 0; k < count; ++k) put(16 * (j0 + k), e2m1_decode(codes + 8 * (j0 + k), s[k]));
   }
+}
+
+// The decoded values into b (or added to b).
+inline void decode_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, float* b,
+                                 bool accumulate) {
+  decode_fp4_e4m3_each(scales, codes, micros, f, [=](int64_t i, __m512 v) {
+    _mm512_storeu_ps(b + i, accumulate ? _mm512_add_ps(_mm512_loadu_ps(b + i), v) : v);
+  });
+}
+
+// The decoded values times p (where p_on: finish_span's 2**E without the transform), rounded
+// to dtype into out from index first: decode_span, finish_span and store_values in one pass.
+template <int32_t dtype>
+inline void dequantize_fp4_e4m3_t(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, bool p_on,
+                                  float p, void* out, int64_t first, bool saturate, bool stream) {
+  const __m512 pv = _mm512_set1_ps(p);
+  decode_fp4_e4m3_each(scales, codes, micros, f, [=](int64_t i, __m512 v) {
+    store16(p_on ? _mm512_mul_ps(v, pv) : v, out, dtype, first + i, saturate, stream);
+  });
+}
+
+inline void dequantize_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, bool p_on,
+                                     float p, void* out, int32_t dtype, int64_t first, bool saturate, bool stream) {
+  stream = stream && dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(out) + first) & 63) == 0;
+  if (dtype == kF32) return dequantize_fp4_e4m3_t<kF32>(scales, codes, micros, f, p_on, p, out, first, saturate, stream);
+  if (dtype == kBF16) return dequantize_fp4_e4m3_t<kBF16>(scales, codes, micros, f, p_on, p, out, first, saturate, stream);
+  dequantize_fp4_e4m3_t<kF16>(scales, codes, micros, f, p_on, p, out, first, saturate, stream);
 }
 
 }  // namespace avx512

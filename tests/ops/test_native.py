@@ -61,6 +61,18 @@ def test_bit_exact_every_preset_dtype_size(name, dtype, n):
     check_all_ops(inputs(3, n, dtype, seed=n), QuantConfig.preset(name))
 
 
+@pytest.mark.parametrize("name", ["fp4quant", "no_fwht", "nvfp4"])
+def test_dequantize_streamed_past_the_caches_is_bit_exact(name):
+    """A float32 output of 32 MiB or more is written with streaming stores (its own store path): same bits."""
+    n = (8 << 20) + 4099  # just over 32 MiB, and a ragged last span
+    x = inputs(1, n, torch.float32, seed=5)
+    config = QuantConfig.preset(name)
+    msg = ops.quantize_rows(x, config)
+    for saturate in (True, False):
+        got = ops.dequantize_rows(msg, n, config, torch.float32, saturate)
+        assert bits_equal(got, reference.dequantize_rows(msg, n, config, torch.float32, saturate)), saturate
+
+
 @pytest.mark.parametrize("name", ["fp4quant", "no_fwht", "nvfp4", "mxfp4", "int4", "fp8"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_bit_exact_stochastic_rounding(name, dtype):
