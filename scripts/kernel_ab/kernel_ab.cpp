@@ -1,8 +1,8 @@
-// Side by side, in one process: the CPU quantize (AVX-512 or AVX2) of two builds of csrc/ (A and B),
-// called alternately on the same input, serially, so that whatever else the machine does
-// slows both alike (on a shared VM, timing two builds in separate processes moved the same
-// code by +-20% between runs).  Built and run by kernel_ab.sh; exits 1 unless A and B write
-// the same message.
+// Side by side, in one process: the CPU quantize or dequantize (AVX-512 or AVX2) of two builds
+// of csrc/ (A and B), called alternately on the same input, serially, so that whatever else the
+// machine does slows both alike (on a shared VM, timing two builds in separate processes moved
+// the same code by +-20% between runs).  Built and run by kernel_ab.sh; exits 1 unless A and B
+// write the same message (quantize) or the same float32 values (dequantize, of A's message).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +28,12 @@ int main(int argc, char** argv) {
   const char* preset = argc > 1 ? argv[1] : "fp4quant";
   const int64_t mib = argc > 2 ? atoll(argv[2]) : 1;
   const int calls = argc > 3 ? atoi(argv[3]) : 400;
+  const char* op = argc > 4 ? argv[4] : "quantize";
+  const bool dequantize = !strcmp(op, "dequantize");
+  if (!dequantize && strcmp(op, "quantize")) {
+    fprintf(stderr, "kernel_ab: op must be quantize or dequantize, got %s\n", op);
+    return 2;
+  }
   const int64_t n = mib << 18;  // float32 values
   // the three presets' configs, as fp4quant.format.config.PRESETS defines them
   Config c{kE2M1, 16, 2048, kScaleE4M3, kCoarseGroup, kScaleNearest, 1, kRoundNearest, kPackWarp};
@@ -73,20 +79,47 @@ int main(int argc, char** argv) {
     printf("kernel_ab: A and B wrote different messages (%s, %lld MiB)\n", preset, (long long)mib);
     return 1;
   }
+  // dequantize: A's message into float32 values (prefaulted buffers; 64 MiB streams past the caches)
+  std::vector<float> values_a(n, 1.0f), values_b(n, 1.0f);
+  auto dargs = [&](float* values) {
+    DequantizeArgs d{};
+    d.cfg = c;
+    d.lay = lay;
+    d.rows = 1;
+    d.msgs = out_a.data();
+    d.out = values;
+    d.out_dtype = kF32;
+    d.signs = c.fwht ? signs.data() : nullptr;
+    d.saturate = true;
+    return d;
+  };
+  const DequantizeArgs da = dargs(values_a.data()), db = dargs(values_b.data());
+  if (dequantize) {
+    ka.dequantize(da, serial);
+    kb.dequantize(db, serial);
+    if (std::memcmp(values_a.data(), values_b.data(), 4 * size_t(n))) {
+      printf("kernel_ab: A and B wrote different values (%s, %lld MiB)\n", preset, (long long)mib);
+      return 1;
+    }
+  }
+  auto call = [&](bool b) {
+    if (dequantize) (b ? kb : ka).dequantize(b ? db : da, serial);
+    else (b ? kb : ka).quantize(b ? qb : qa, serial);
+  };
   std::vector<double> ta, tb;
   for (int i = 0; i < calls; ++i) {
     for (int k = 0; k < 2; ++k) {
       const bool b = (k ^ (i & 1)) != 0;  // which goes first alternates too
       const auto t0 = std::chrono::steady_clock::now();
-      (b ? kb : ka).quantize(b ? qb : qa, serial);
+      call(b);
       (b ? tb : ta).push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
   }
   std::sort(ta.begin(), ta.end());
   std::sort(tb.begin(), tb.end());
-  const double bytes = 4.0 * n;
+  const double bytes = 4.0 * n;  // of float32 values taken in (quantize) or given out (dequantize)
   const double a_med = ta[ta.size() / 2], b_med = tb[tb.size() / 2];
-  printf("%s,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f\n", preset, (long long)mib, calls, bytes / a_med / 1e9,
+  printf("%s,%s,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f\n", op, preset, (long long)mib, calls, bytes / a_med / 1e9,
          bytes / ta[0] / 1e9, bytes / b_med / 1e9, bytes / tb[0] / 1e9, a_med / b_med, ta[0] / tb[0]);
   return 0;
 }
