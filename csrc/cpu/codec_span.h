@@ -234,8 +234,9 @@ inline void encode_prepared(const Config& cfg, const Layout& lay, const float* b
   }
 #endif
 #if defined(FP4Q_AVX2)
-  if (cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && M == 16 && cfg.rounding == kRoundNearest) {
-    avx2::encode_fp4_e4m3_span(cfg, b, S, c, msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2);
+  if (cfg.element == kE2M1 && cfg.micro_scale == kScaleE4M3 && M == 16) {
+    avx2::encode_fp4_e4m3_span(cfg, b, S, c, msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2, key,
+                               ctr0);
     return;
   }
 #endif

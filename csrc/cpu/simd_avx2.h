@@ -147,12 +147,67 @@ inline uint64_t e2m1_nearest_codes16(__m256 y0, __m256 y1, __m256 r) {
   return uint64_t(_mm_cvtsi128_si64(pack_codes2(w, w)));
 }
 
-// A span of FP4 values with E4M3 micro-scales over 16 values, rounded to nearest: micro-scales
-// into `scales`, packed codes into `codes` (the span's slices of the message); as
-// encode_prepared's loop, whose steps it vectorizes.  The micro-scales of the whole span
-// first: their divisions are then independent of each other and overlap.
+inline __m256i mix32(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(int32_t(0x21F0AAADu)));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(int32_t(0x735A2D97u)));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+}
+
+// fp4q::uniform of the 8 counters ctr .. ctr + 7.
+inline __m256 uniforms8(uint32_t key, uint64_t ctr) {
+  const __m256i lo0 = _mm256_set1_epi32(int32_t(uint32_t(ctr)));
+  const __m256i lo = _mm256_add_epi32(lo0, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  // the low word wrapped where lo < lo0 unsigned (a signed compare with the sign bits flipped):
+  // those lanes' high word is one more (the compare's -1 subtracted)
+  const __m256i flip = _mm256_set1_epi32(int32_t(0x80000000u));
+  const __m256i wrapped = _mm256_cmpgt_epi32(_mm256_xor_si256(lo0, flip), _mm256_xor_si256(lo, flip));
+  const __m256i hi = _mm256_sub_epi32(_mm256_set1_epi32(int32_t(uint32_t(ctr >> 32))), wrapped);
+  const __m256i h = mix32(_mm256_xor_si256(lo, mix32(_mm256_xor_si256(hi, _mm256_set1_epi32(int32_t(key))))));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(5.9604644775390625e-08f));
+}
+
+// The codes (one per 32-bit lane) of 8 finite values y scaled by r with stochastic rounding
+// (grid_round, mode stochastic): up with probability equal to the position between the two
+// neighbours on the grid, decided by u < frac.
+inline __m256i e2m1_stochastic_code_lanes(__m256 y, __m256 r, __m256 u) {
+  const __m256 v = _mm256_mul_ps(y, r);
+  const __m256 six = _mm256_set1_ps(6.0f);
+  const __m256 a = _mm256_min_ps(six, _mm256_castsi256_ps(abs_bits(v)));
+  // spacing 2**(max(floor(log2 a), 0) - 1): 0.5 below 2, 1 below 4, 2 above
+  __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), 23), _mm256_set1_epi32(127));
+  e = _mm256_max_epi32(e, _mm256_setzero_si256());
+  const __m256 sp = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(126)), 23));
+  const __m256 idx = _mm256_div_ps(a, sp);
+  const __m256 lo = _mm256_round_ps(idx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256 frac = _mm256_sub_ps(idx, lo);
+  const __m256 up = _mm256_cmp_ps(u, frac, _CMP_LT_OQ);
+  const __m256 q = _mm256_min_ps(six, _mm256_mul_ps(_mm256_add_ps(lo, _mm256_and_ps(up, _mm256_set1_ps(1.0f))), sp));
+  __m256i mag = _mm256_setzero_si256();
+  static const float grid[7] = {0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};  // q is on it: count the steps
+  for (float t : grid)
+    mag = _mm256_sub_epi32(mag, _mm256_castps_si256(_mm256_cmp_ps(q, _mm256_set1_ps(t), _CMP_GE_OQ)));
+  const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(v), 31), 3);
+  return _mm256_or_si256(mag, sign);
+}
+
+// The 8 code bytes of one finite micro-group (values 0-7: y0, 8-15: y1) scaled by r with
+// stochastic rounding, value i by the counter ctr + i.
+inline uint64_t e2m1_stochastic_codes16(__m256 y0, __m256 y1, __m256 r, uint32_t key, uint64_t ctr) {
+  const __m256i c0 = e2m1_stochastic_code_lanes(y0, r, uniforms8(key, ctr));
+  const __m256i c1 = e2m1_stochastic_code_lanes(y1, r, uniforms8(key, ctr + 8));
+  const __m256i w = _mm256_packus_epi32(c0, c1);  // e2m1_nearest_code_words' order
+  return uint64_t(_mm_cvtsi128_si64(pack_codes2(w, w)));
+}
+
+// A span of FP4 values with E4M3 micro-scales over 16 values: micro-scales into `scales`,
+// packed codes into `codes` (the span's slices of the message); as encode_prepared's loop,
+// whose steps it vectorizes.  Stochastic rounding uses the counters ctr0 + i of the span's
+// values.  The micro-scales of the whole span first: their divisions are then independent of
+// each other and overlap.
 inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len, float c, uint8_t* scales,
-                                 uint8_t* codes) {
+                                 uint8_t* codes, uint32_t key, uint64_t ctr0) {
   const int64_t micros = len / 16;  // at most 4096
   const bool coarse = cfg.coarse != kCoarseNone;
   alignas(32) float r[4096 + 8];
@@ -181,7 +236,8 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
     finite_of[j0 / 8] = uint8_t(_mm256_movemask_ps(_mm256_castsi256_ps(finite)) & ((1 << count) - 1));
     all_finite = all_finite && finite_of[j0 / 8] == uint8_t((1u << count) - 1u);
   }
-  if (all_finite && micros % 2 == 0) {  // the common case: two micro-groups a store, no test
+  const bool stochastic = cfg.rounding == kRoundStochastic;
+  if (all_finite && !stochastic && micros % 2 == 0) {  // the common case: two micro-groups a store, no test
     for (int64_t k = 0; k < micros; k += 2) {
       const float* v = b + 16 * k;
       const __m256i wa = e2m1_nearest_code_words(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]));
@@ -194,7 +250,10 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
   for (int64_t k = 0; k < micros; ++k) {
     const float* v = b + 16 * k;
     uint64_t packed = 0;  // the non-finite code of e2m1
-    if ((finite_of[k / 8] >> (k % 8)) & 1u)
+    if (((finite_of[k / 8] >> (k % 8)) & 1u) && stochastic)
+      packed = e2m1_stochastic_codes16(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]), key,
+                                       ctr0 + uint64_t(16 * k));
+    else if ((finite_of[k / 8] >> (k % 8)) & 1u)
       packed = e2m1_nearest_codes16(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]));
     std::memcpy(codes + 8 * k, &packed, 8);
   }
@@ -230,8 +289,6 @@ inline __m256 e2m1_decode8(uint32_t four_bytes, __m256 s) {
   return _mm256_mul_ps(_mm256_xor_ps(_mm256_permutevar8x32_ps(table, code), sign), s);
 }
 
-// `micros` micro-groups of FP4 codes under E4M3 micro-scales, decoded eight values at a time:
-// put(i, v) with v = code value * (micro-scale * f) of values i .. i+7, as decode_span.
 // The 32 values of two micro-groups from their 16 code bytes (low nibble first), the first 16
 // times s0, the others times s1, as put(0 .. 24, v).  Each E2M1 value is a bfloat16 (its float
 // bits' low half is zero): the codes index two byte tables (its high and low byte), and

@@ -29,6 +29,12 @@ int main(int argc, char** argv) {
   const int64_t mib = argc > 2 ? atoll(argv[2]) : 1;
   const int calls = argc > 3 ? atoi(argv[3]) : 400;
   const char* op = argc > 4 ? argv[4] : "quantize";
+  const char* rounding = argc > 5 ? argv[5] : "nearest";
+  const bool stochastic = !strcmp(rounding, "stochastic");
+  if (!stochastic && strcmp(rounding, "nearest")) {
+    fprintf(stderr, "kernel_ab: rounding must be nearest or stochastic, got %s\n", rounding);
+    return 2;
+  }
   const bool dequantize = !strcmp(op, "dequantize");
   if (!dequantize && strcmp(op, "quantize")) {
     fprintf(stderr, "kernel_ab: op must be quantize or dequantize, got %s\n", op);
@@ -46,6 +52,10 @@ int main(int argc, char** argv) {
   } else if (strcmp(preset, "fp4quant")) {
     fprintf(stderr, "kernel_ab: preset must be fp4quant, no_fwht or nvfp4, got %s\n", preset);
     return 2;
+  }
+  if (stochastic) {  // as the trainer's backward config: stochastic codes under rounded-up micro-scales
+    c.rounding = kRoundStochastic;
+    c.scale_round = kScaleUp;
   }
   const Layout lay = make_layout(c, n);
   std::vector<float> x(n), signs(c.group);
@@ -65,6 +75,8 @@ int main(int argc, char** argv) {
     a.out = out;
     a.signs = c.fwht ? signs.data() : nullptr;
     a.transform = true;
+    a.key = 0x9E3779B9u;
+    a.offset = (uint64_t(1) << 32) - 1000;  // the counter's low word wraps inside the input
     return a;
   };
   const cpu::Kernels ka = cpu::kernels_a(), kb = cpu::kernels_b();
@@ -119,7 +131,7 @@ int main(int argc, char** argv) {
   std::sort(tb.begin(), tb.end());
   const double bytes = 4.0 * n;  // of float32 values taken in (quantize) or given out (dequantize)
   const double a_med = ta[ta.size() / 2], b_med = tb[tb.size() / 2];
-  printf("%s,%s,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f\n", op, preset, (long long)mib, calls, bytes / a_med / 1e9,
+  printf("%s,%s,%s,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f\n", op, preset, rounding, (long long)mib, calls, bytes / a_med / 1e9,
          bytes / ta[0] / 1e9, bytes / b_med / 1e9, bytes / tb[0] / 1e9, a_med / b_med, ta[0] / tb[0]);
   return 0;
 }
