@@ -371,9 +371,19 @@ inline bool dequantize_span_direct(const Config& cfg, const Layout& lay, const u
   if (cfg.fwht || cfg.element != kE2M1 || cfg.micro_scale != kScaleE4M3 || cfg.micro_group != 16 ||
       first + S > lay.n)
     return false;
-  simd::dequantize_fp4_e4m3_span(msg + lay.micro_off + first / 16, msg + lay.codes_off + first / 2, S / 16,
-                                 decode_factor(cfg, msg, first, E), decode_normalizes(cfg), pow2(E), out, dtype,
-                                 out_first, saturate, stream);
+  const uint8_t* scales = msg + lay.micro_off + first / 16;
+  const uint8_t* codes = msg + lay.codes_off + first / 2;
+  const float f = decode_factor(cfg, msg, first, E), p = pow2(E);
+  const bool p_on = decode_normalizes(cfg);
+  // streamed as store_values streams: float32 from a register-aligned address
+  const uintptr_t at = reinterpret_cast<uintptr_t>(static_cast<float*>(out) + out_first);
+  stream = stream && dtype == kF32 && (at & uintptr_t(4 * simd::kLanes - 1)) == 0;
+  if (dtype == kF32)
+    simd::dequantize_fp4_e4m3_t<kF32>(scales, codes, S / 16, f, p_on, p, out, out_first, saturate, stream);
+  else if (dtype == kBF16)
+    simd::dequantize_fp4_e4m3_t<kBF16>(scales, codes, S / 16, f, p_on, p, out, out_first, saturate, stream);
+  else
+    simd::dequantize_fp4_e4m3_t<kF16>(scales, codes, S / 16, f, p_on, p, out, out_first, saturate, stream);
   return true;
 }
 #endif

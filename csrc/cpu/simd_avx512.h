@@ -395,7 +395,8 @@ inline void decode_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, in
 }
 
 // The decoded values times p (where p_on: finish_span's 2**E without the transform), rounded
-// to dtype into out from index first: decode_span, finish_span and store_values in one pass.
+// to dtype into out from index first: decode_span, finish_span and store_values in one pass
+// (codec_span.h's dequantize_span_direct picks the dtype and whether to stream).
 template <int32_t dtype>
 inline void dequantize_fp4_e4m3_t(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, bool p_on,
                                   float p, void* out, int64_t first, bool saturate, bool stream) {
@@ -403,14 +404,6 @@ inline void dequantize_fp4_e4m3_t(const uint8_t* scales, const uint8_t* codes, i
   decode_fp4_e4m3_each(scales, codes, micros, f, [=](int64_t i, __m512 v) {
     store16(p_on ? _mm512_mul_ps(v, pv) : v, out, dtype, first + i, saturate, stream);
   });
-}
-
-inline void dequantize_fp4_e4m3_span(const uint8_t* scales, const uint8_t* codes, int64_t micros, float f, bool p_on,
-                                     float p, void* out, int32_t dtype, int64_t first, bool saturate, bool stream) {
-  stream = stream && dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(out) + first) & 63) == 0;
-  if (dtype == kF32) return dequantize_fp4_e4m3_t<kF32>(scales, codes, micros, f, p_on, p, out, first, saturate, stream);
-  if (dtype == kBF16) return dequantize_fp4_e4m3_t<kBF16>(scales, codes, micros, f, p_on, p, out, first, saturate, stream);
-  dequantize_fp4_e4m3_t<kF16>(scales, codes, micros, f, p_on, p, out, first, saturate, stream);
 }
 
 }  // namespace avx512

@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   // dequantize: A's message into float32 values (prefaulted buffers; 64 MiB streams past the caches)
-  std::vector<float> values_a(n, 1.0f), values_b(n, 1.0f);
+  std::vector<float> values_a(dequantize ? n : 0, 1.0f), values_b(dequantize ? n : 0, 1.0f);
   auto dargs = [&](float* values) {
     DequantizeArgs d{};
     d.cfg = c;
