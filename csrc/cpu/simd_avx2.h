@@ -211,24 +211,30 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
   const int64_t micros = len / 16;  // at most 4096
   const bool coarse = cfg.coarse != kCoarseNone;
   alignas(32) float r[4096 + 8];
+  alignas(32) uint32_t maxima[4096 + 8];
+  // the maxima of every micro-group first, then the micro-scales from them: a loop of the
+  // scales alone keeps several blocks' chains of divisions in flight (in one loop with the
+  // maxima each block's chain was waited for, 1.1-1.2x slower)
+  for (int64_t j0 = 0; j0 < micros; j0 += 8) {
+    const int count = micros - j0 < 8 ? int(micros - j0) : 8;
+    if (count == 8) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(maxima + j0), group_max_bits8(b + 16 * j0));
+      continue;
+    }
+    for (int k = 0; k < 8; ++k) maxima[j0 + k] = 0;  // the span's last few micro-groups: one by one
+    for (int k = 0; k < count; ++k) {
+      const float* v = b + 16 * (j0 + k);
+      const __m256i h = _mm256_max_epu32(abs_bits(_mm256_loadu_ps(v)), abs_bits(_mm256_loadu_ps(v + 8)));
+      alignas(32) uint32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), h);
+      for (uint32_t x : lanes) maxima[j0 + k] = x > maxima[j0 + k] ? x : maxima[j0 + k];
+    }
+  }
   uint8_t finite_of[512 + 1];  // finite mask of micro-groups 8j .. 8j+7
   bool all_finite = true;
   for (int64_t j0 = 0; j0 < micros; j0 += 8) {
     const int count = micros - j0 < 8 ? int(micros - j0) : 8;
-    __m256i m;
-    if (count == 8) {
-      m = group_max_bits8(b + 16 * j0);
-    } else {  // the span's last few micro-groups: their maxima one by one
-      alignas(32) uint32_t each[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int k = 0; k < count; ++k) {
-        const float* v = b + 16 * (j0 + k);
-        const __m256i h = _mm256_max_epu32(abs_bits(_mm256_loadu_ps(v)), abs_bits(_mm256_loadu_ps(v + 8)));
-        alignas(32) uint32_t lanes[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), h);
-        for (uint32_t x : lanes) each[k] = x > each[k] ? x : each[k];
-      }
-      m = _mm256_load_si256(reinterpret_cast<const __m256i*>(each));
-    }
+    const __m256i m = _mm256_load_si256(reinterpret_cast<const __m256i*>(maxima + j0));
     const __m256i finite = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7F800000), m);
     const __m256 amax = _mm256_and_ps(_mm256_castsi256_ps(m), _mm256_castsi256_ps(finite));
     e4m3_micro_scales8(amax, finite, c, coarse, cfg.scale_round, scales + j0, r + j0, count);
