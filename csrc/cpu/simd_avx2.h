@@ -204,8 +204,7 @@ inline uint64_t e2m1_stochastic_codes16(__m256 y0, __m256 y1, __m256 r, uint32_t
 // A span of FP4 values with E4M3 micro-scales over 16 values: micro-scales into `scales`,
 // packed codes into `codes` (the span's slices of the message); as encode_prepared's loop,
 // whose steps it vectorizes.  Stochastic rounding uses the counters ctr0 + i of the span's
-// values.  The micro-scales of the whole span first: their divisions are then independent of
-// each other and overlap.
+// values.  The micro-scales of the whole span before any code.
 inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len, float c, uint8_t* scales,
                                  uint8_t* codes, uint32_t key, uint64_t ctr0) {
   const int64_t micros = len / 16;  // at most 4096
@@ -213,8 +212,9 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
   alignas(32) float r[4096 + 8];
   alignas(32) uint32_t maxima[4096 + 8];
   // the maxima of every micro-group first, then the micro-scales from them: a loop of the
-  // scales alone keeps several blocks' chains of divisions in flight (in one loop with the
-  // maxima each block's chain was waited for, 1.1-1.2x slower)
+  // scales alone keeps several blocks' chains of three divisions in flight, where one loop
+  // doing both waited for each block's (the whole quantize 1.02-1.04x slower, side by side:
+  // scripts/kernel_ab; simd_avx512.h keeps the one loop, not timed on an AVX-512 CPU since)
   for (int64_t j0 = 0; j0 < micros; j0 += 8) {
     const int count = micros - j0 < 8 ? int(micros - j0) : 8;
     if (count == 8) {

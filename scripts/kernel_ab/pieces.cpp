@@ -1,9 +1,11 @@
-// The AVX2 quantize of fp4quant's config, piece by piece, on 2048-value groups of float32
-// (one group per call, in L1 unless SPANS cycles over more): the input's amax, the forward
-// FWHT, the micro-groups' maxima, their E4M3 micro-scales, the E2M1 codes, the whole encoder
-// and the whole quantize of a group.  Single-threaded; each figure is the fastest of 7 timings
-// of CALLS calls, in ns a value.  Built and run by pieces.sh; it times, it checks nothing (the
-// tests and kernel_ab.sh check the bytes).
+// The AVX2 quantize of fp4quant's config (groups of 2048, the FWHT with random signs, a
+// coarse scale per group, E4M3 micro-scales over 16 values, round to nearest), piece by piece
+// on float32: the input's amax, the forward FWHT, the micro-groups' maxima, their micro-scales,
+// the E2M1 codes, the whole encoder and the whole quantize of a group.  The pieces that read
+// the input (amax, FWHT, whole group) take the next of SPANS groups each call (1: the same
+// group, in L1); the encoder's pieces read the one transformed group in L1.  Single-threaded;
+// each figure is the fastest of 7 timings of CALLS calls, in ns a value.  Built and run by
+// pieces.sh; it times, it checks nothing (the tests and kernel_ab.sh check the bytes).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,8 +38,9 @@ int main(int argc, char** argv) {
   const int calls = argc > 2 ? std::max(1, atoi(argv[2])) : 2000;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
-  std::vector<float> x(G * spans);
+  std::vector<float> x(G * spans), signs(G);
   for (float& v : x) v = normal(rng);
+  for (float& v : signs) v = (rng() & 1) ? 1.0f : -1.0f;
   alignas(64) static float b[G];
   alignas(64) static float r[M + 8];
   alignas(64) static uint32_t maxima[M + 8];
@@ -60,14 +63,14 @@ int main(int argc, char** argv) {
     return p;
   };
   volatile float sink = 0;
-  const float amax = avx2::fwht_forward(x.data(), kF32, b, G, 0.25f, nullptr, inv);
-  const float c = amax / 6.0f;
+  const float amax = avx2::fwht_forward(x.data(), kF32, b, G, 0.25f, signs.data(), inv);
+  const float c = amax / coarse_divisor(cfg);  // as encode_prepared's
   for (int64_t j0 = 0; j0 < M; j0 += 8)
     _mm256_store_si256(reinterpret_cast<__m256i*>(maxima + j0), avx2::group_max_bits8(b + 16 * j0));
   printf("piece,ns_per_value,spans,calls\n");
   auto row = [&](const char* piece, double ns) { printf("%s,%.4f,%lld,%d\n", piece, ns, (long long)spans, calls); };
   row("input_amax", ns_per_value([&] { sink = avx2::input_amax(next(), kF32, 0, G); }, G, calls));
-  row("fwht_forward", ns_per_value([&] { sink = avx2::fwht_forward(next(), kF32, b, G, 0.25f, nullptr, inv); }, G, calls));
+  row("fwht_forward", ns_per_value([&] { sink = avx2::fwht_forward(next(), kF32, b, G, 0.25f, signs.data(), inv); }, G, calls));
   row("maxima", ns_per_value([&] {
         for (int64_t j0 = 0; j0 < M; j0 += 8)
           _mm256_store_si256(reinterpret_cast<__m256i*>(maxima + j0), avx2::group_max_bits8(b + 16 * j0));
@@ -93,8 +96,8 @@ int main(int argc, char** argv) {
   row("quantize_group", ns_per_value([&] {
         const float* p = next();
         const int e = normalizing_exponent(avx2::input_amax(p, kF32, 0, G));
-        const float a = avx2::fwht_forward(p, kF32, b, G, pow2(-e), nullptr, inv);
-        avx2::encode_fp4_e4m3_span(cfg, b, G, a / 6.0f, msg.data(), codes, 0, 0);
+        const float a = avx2::fwht_forward(p, kF32, b, G, pow2(-e), signs.data(), inv);
+        avx2::encode_fp4_e4m3_span(cfg, b, G, a / coarse_divisor(cfg), msg.data(), codes, 0, 0);
       }, G, calls));
   return int(sink != sink);  // NaN never: keeps sink alive
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The AVX2 quantize of fp4quant's config piece by piece (pieces.cpp), from a commit's csrc/ or
-# the worktree's, compiled with the extension's flags; CSV to OUT.csv or standard output.
+# the worktree's, compiled with setup.py's code-generation flags; CSV to OUT.csv or standard
+# output.
 #
 #   scripts/kernel_ab/pieces.sh [REV|worktree] [OUT.csv|-] [SPANS] [CALLS]
 #   (defaults: worktree, -, 1 group (in L1), 2000 calls a timing)
@@ -13,7 +14,8 @@ grep -qw avx2 /proc/cpuinfo || { echo "pieces.sh: this CPU has no AVX2" >&2; exi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 if [ "$rev" = worktree ]; then cp -r "$root/csrc" "$work/"; else git -C "$root" archive "$rev" csrc | tar -x -C "$work"; fi
-g++ -O3 -std=c++17 -ffp-contract=off -fno-fast-math -w -I "$work/csrc" "$here/pieces.cpp" -o "$work/pieces"
+flags="-O3 -std=c++17 -ffp-contract=off -fno-fast-math -w"  # as kernel_ab.sh: setup.py's code-generation flags
+g++ $flags -I "$work/csrc" "$here/pieces.cpp" -o "$work/pieces"
 {
   echo "# rev=$([ "$rev" = worktree ] && echo worktree || git -C "$root" rev-parse --short "$rev") cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) date=$(date -u +%FT%TZ)"
   "$work/pieces" "${3:-1}" "${4:-2000}"
