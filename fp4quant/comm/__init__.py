@@ -7,7 +7,7 @@
     comm.reduce_scatter(out, x, "fp4quant", group=tp_group)     # x: W * out.numel() values
     streams = comm.RandomStreams(seed)                          # stochastic rounding: the caller's streams
     comm.all_reduce(x, sr_config, streams=streams, stats_key="bwd")
-    comm.stats(); comm.reset_stats()
+    comm.stats(); comm.reset_stats(); comm.take_spans()
 
 ``config`` is a Wire (exact, cast to bf16, or compressed) or what ``Wire.of`` makes one
 of: ``None`` or the ``bf16`` preset is the plain uncompressed collective (exactly torch's
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from .auto import Thresholds, set_table
 from .collectives import DEFAULT_CHUNK_BYTES, all_gather, all_reduce, reduce_scatter
-from .counters import reset_stats, stats
+from .counters import reset_stats, stats, take_spans
 from .dilation import Dilation
 from .plan import default_chunk_bytes
 from .streams import RandomStreams, derive, mix64
@@ -54,4 +54,5 @@ __all__ = [
     "reset_stats",
     "set_table",
     "stats",
+    "take_spans",
 ]

@@ -30,6 +30,14 @@ codec_stretch_s     under the dilation: seconds slept after codec ops to last as
 codec_unstretched   under the dilation: codec ops already slower than the dilated target
                     (nothing slept: this machine's codec was the slower)
 
+spans (``take_spans()``, not in ``stats()``): each timed part of ``comm_s`` as its
+                    (start, end) on ``time.perf_counter``'s clock, in order, per key, kept
+                    from the first ``take_spans()`` on (never for callers that do not take
+                    them, whose lists would only grow): ranks on one host share that
+                    clock, so the step's time from the last rank's arrival at each part
+                    to the last rank's leaving it can be computed (fp4quant.train's
+                    comm_link_s)
+
 Time is host wall-clock (``time.perf_counter``).  On CPU the ops are synchronous, so it
 is what each step costs.  On CUDA the ops are asynchronous: without ``sync_timing=True``
 (a field of the caller's options) the times are the host time to launch the kernels and
@@ -64,6 +72,8 @@ def _new() -> dict[str, float]:
 
 
 _STATS: defaultdict[str, dict[str, float]] = defaultdict(_new)
+_SPANS: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
+_keep_spans = False  # set by the first take_spans()
 
 
 def stats() -> dict[str, dict[str, Any]]:
@@ -74,8 +84,20 @@ def stats() -> dict[str, dict[str, Any]]:
 
 
 def reset_stats() -> None:
-    """Clear all counters."""
+    """Clear all counters (the spans included)."""
     _STATS.clear()
+    _SPANS.clear()
+
+
+def take_spans() -> dict[str, list[tuple[float, float]]]:
+    """The (start, end) of every timed part of comm_s since the last take (or reset), per
+    key, in the order they ran; they are cleared (a caller takes them once a step).  The
+    first call starts keeping them (and returns {})."""
+    global _keep_spans
+    _keep_spans = True
+    spans = dict(_SPANS)
+    _SPANS.clear()
+    return spans
 
 
 class CodecOp:
@@ -92,7 +114,7 @@ class Recorder:
     ``dilation``: the emulated cluster's latency and codec stretch (nothing slept by default)."""
 
     __slots__ = ("key", "cuda", "dilation", "bytes_sent", "bytes_uncompressed", "quantize_s", "dequantize_s", "comm_s",
-                 "start",
+                 "start", "spans",
                  "wire_steps", "codec_stretch_s", "codec_unstretched")
 
     def __init__(self, key: str, device: torch.device, sync_timing: bool = False,
@@ -108,6 +130,7 @@ class Recorder:
         self.wire_steps = 0
         self.codec_stretch_s = 0.0
         self.codec_unstretched = 0
+        self.spans: list[tuple[float, float]] = []
         self.start = time.perf_counter()
 
     def _now(self) -> float:
@@ -149,7 +172,9 @@ class Recorder:
     def comm(self) -> Iterator[None]:
         t = self._now()
         yield
-        self.comm_s += self._now() - t
+        end = self._now()
+        self.comm_s += end - t
+        self.spans.append((t, end))
 
     def commit(self) -> None:
         s = _STATS[self.key]
@@ -164,3 +189,5 @@ class Recorder:
         s["wire_steps"] += self.wire_steps
         s["codec_stretch_s"] += self.codec_stretch_s
         s["codec_unstretched"] += self.codec_unstretched
+        if _keep_spans:
+            _SPANS[self.key].extend(self.spans)

@@ -32,7 +32,9 @@ skew (a rank's wait for a slower one: the wait row, or inside communication for 
 Nothing is fitted to the training runs.  Rows: config,
 comm, component (compute, quantize, dequantize, codec, communication, wait, scalar, total),
 measured_s (mean over the steady steps) and its SD, predicted_s, rel_error
-(predicted / measured - 1).
+(predicted / measured - 1); on the communication row, measured_link_s: the mean of the
+logs' comm_link_s (the link's time with no wait for a peer's arrival in it, whichever rank
+is last: how much of the least over the ranks is such waits; empty for older logs).
 
 Logs written before the codec timer was split (no ``codec_s``: their ``quantize_s`` was
 the whole codec) give the codec but not its split.
@@ -113,6 +115,15 @@ def measured_components(records: list[dict]) -> dict[str, list[float]]:
     return out
 
 
+def link_seconds(records: list[dict]) -> list[float] | None:
+    """Per step, comm_link_s of both directions (the link's time in the TP collectives: no
+    rank's wait for a slower peer in it, whichever rank is last; fp4quant.train logs it where
+    the ranks share a clock); None for logs without it."""
+    if not all(f"{d}_comm_link_s" in r for r in records for d in ("fwd", "bwd")):
+        return None
+    return [r["fwd_comm_link_s"] + r["bwd_comm_link_s"] for r in records]
+
+
 def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1.0,
                        comm: str | None = None) -> tuple[Machine, dict]:
     """The emulated machine as the probe measured it (see fp4quant.perfmodel.probe), its
@@ -188,7 +199,8 @@ def bracketed(probes: list[dict], names: list[str]) -> dict:
         if missing:
             raise ValueError(f"{', '.join(missing)}: no steps timed under {comm}, which {names[0]} timed")
         entries = [entry] + [p["compute_by_comm"][comm] for p in later]
-        by_comm[comm] = {**_merge_compute(entries), "rank_flops_by_probe": [e["rank_flops"] for e in entries]}
+        by_comm[comm] = {**_merge_compute(entries), "rank_flops_by_probe": [e["rank_flops"] for e in entries],
+                         "wire_step_latency_s_by_probe": [e.get("wire_step_latency_s") for e in entries]}
     return {**first, "compute_by_comm": by_comm, "rank_flops": by_comm["bf16"]["rank_flops"],
             "skew_s": by_comm["bf16"]["skew_s"]}
 
@@ -233,8 +245,11 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float) -> t
         else:  # the cluster fell back to loopback: the rate was asked for, not shaped
             name = f"{cfg['comm']} (loopback; {rate:g} Mbit/s asked)"
         fits[name] = {**fit, "run": str(run), "emulated": record.get("emulated"), "probes": [str(p) for p in paths],
-                      "rank_flops_by_probe": probe.get("compute_by_comm", {}).get(cfg["comm"], {}).get("rank_flops_by_probe")}
-        measured = measured_components(steady(read_log(run), skip))
+                      **{k: probe.get("compute_by_comm", {}).get(cfg["comm"], {}).get(k)
+                         for k in ("rank_flops_by_probe", "wire_step_latency_s_by_probe")}}
+        records = steady(read_log(run), skip)
+        measured = measured_components(records)
+        link = link_seconds(records)
         predicted = predicted_components(w, machine, cfg["comm"], scalar_apart="scalar" in measured,
                                          wait_apart="wait" in measured)
         for comp in COMPONENTS:
@@ -249,6 +264,7 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float) -> t
                 "predicted_s": pred, "rel_error": pred / mean - 1 if mean > 0 else ("" if pred == 0 else float("inf")),
                 "steps": len(values), "run": str(run), "probe": " ".join(str(p) for p in paths),
                 "probe_load_1min": probe.get("load_average_1min", ""),
+                "measured_link_s": statistics.fmean(link) if link and comp == "communication" else "",
             })
     return rows, fits
 

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,21 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became non-finite; the run stopped before applying it."""
 
 
+def _one_host() -> bool:
+    """Whether every rank of the default group runs under this kernel, whose monotonic clock
+    they then share (the boot's id where Linux has one, else the host's name; one
+    all_gather_object)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return True
+    try:
+        me = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        me = socket.gethostname()
+    kernels: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(kernels, me)
+    return len(set(kernels)) == 1
+
+
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """Linear warmup to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at the last step."""
     if step < cfg.warmup:
@@ -77,6 +93,9 @@ class Trainer:
             self.mesh = init_mesh(cfg.tp)
         else:
             self.mesh = ParallelMesh.single()
+        # the ranks share perf_counter's clock, and the collectives' times are theirs (not kernel
+        # launches): the link's time (comm_link_s) is logged
+        self.link_timed = _one_host() and (self.device.type == "cpu" or cfg.sync_timing)
         self.is_logger = self.mesh.rank == 0
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
                                                   algorithm=cfg.algorithm, seed=cfg.seed,
@@ -234,6 +253,7 @@ class Trainer:
         self.compute.start_step(self.step)
         self.validate_next_step = False
         before = comm.stats()
+        comm.take_spans()  # the step's own spans from here on
         scalar_before = self.scalar_allreduce_s + self.tp.exact_allreduce_s
         self._sync()
         t0 = time.perf_counter()
@@ -250,13 +270,15 @@ class Trainer:
         # every TP collective of the step is done (the optimizer step issues none): the step's
         # counters per direction
         after = comm.stats()
+        spans = comm.take_spans()
         counted = {}
         for direction, route in self.tp.routes.items():
             a, b = after.get(route.stats_key, {}), before.get(route.stats_key, {})
             for key in ("bytes_sent", "bytes_uncompressed", "codec_s", "quantize_s", "dequantize_s", "comm_s", "calls"):
                 counted[f"{direction}_{key}"] = a.get(key, 0) - b.get(key, 0)
-        comm_least_s = self._stop_if_not_finite(float(loss_value), grad_norm,
-                                                {d: counted[f"{d}_comm_s"] for d in self.tp.routes})
+        comm_least_s, comm_link_s = self._stop_if_not_finite(
+            float(loss_value), grad_norm, {d: counted[f"{d}_comm_s"] for d in self.tp.routes},
+            {d: spans.get(route.stats_key, []) for d, route in self.tp.routes.items()} if self.link_timed else None)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._sync()
@@ -266,29 +288,71 @@ class Trainer:
                   "scalar_comm_s": self.scalar_allreduce_s + self.tp.exact_allreduce_s - scalar_before, **counted}
         for direction in self.tp.routes:
             record[f"{direction}_comm_least_s"] = comm_least_s[direction]
+            if comm_link_s is not None:
+                record[f"{direction}_comm_link_s"] = comm_link_s[direction]
         self.step += 1
         return record
 
-    def _stop_if_not_finite(self, loss: float, grad_norm: float, comm_s: dict[str, float]) -> dict[str, float]:
+    def _stop_if_not_finite(self, loss: float, grad_norm: float, comm_s: dict[str, float],
+                            spans: dict[str, list[tuple[float, float]]] | None = None
+                            ) -> tuple[dict[str, float], dict[str, float] | None]:
         """Raise TrainingDiverged on every rank when any rank's loss or gradient norm is not finite.
 
-        Returns the least over the ranks of each of ``comm_s`` (this rank's seconds in the step's
-        collectives, per direction), from the same all-reduce (no collective of its own): a
-        rank's timers count its waits for a slower peer as communication, and the rank that
-        arrives last at the collectives waits least, so the least is the closer measure of
-        the link's time (an upper bound: the ranks may take turns being last).  The least is
-        over the world: with DP replicas, over every replica's TP ranks (the same work)."""
+        Returns, per direction, from the same all-reduce (no collective of its own):
+
+        - the least over the ranks of ``comm_s`` (this rank's seconds in the step's
+          collectives): a rank's timers count its waits for a slower peer as communication,
+          and the rank that arrives last at the collectives waits least, so the least is the
+          closer measure of the link's time; where the ranks take turns being last, each
+          turn's wait stays in every rank's sum.  The least is over the world: with DP
+          replicas, over every replica's TP ranks (the same work).
+        - with ``spans`` (this rank's timed parts of the step's collectives, per direction,
+          as (start, end) on the host's clock: fp4quant.comm.take_spans), the link's time
+          (_link_seconds); None without.  Every rank must time the same number of parts:
+          the TP collectives are issued alike everywhere (else they would not match)."""
         flags = [0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0] + [-s for s in comm_s.values()]
-        bad = torch.tensor(flags, dtype=torch.float64, device=self.device)
+        parts = [part for direction in comm_s for part in (spans or {}).get(direction, [])]
+        reduced = torch.tensor(flags + self._replica_timeline(parts), dtype=torch.float64, device=self.device)
         if self.mesh.world > 1:  # every rank stops together, none waits in a collective
-            self._all_reduce_scalar(bad, op=dist.ReduceOp.MAX)
-        least = dict(zip(comm_s, (-v for v in bad[1:].tolist())))
-        if bad[0].item():
+            self._all_reduce_scalar(reduced, op=dist.ReduceOp.MAX)
+        values = reduced.tolist()
+        least = dict(zip(comm_s, (-v for v in values[1 : 1 + len(comm_s)])))
+        link = None
+        if spans is not None:
+            slot = 1 + len(comm_s) + 2 * self.mesh.dp_rank * len(parts)
+            link = self._link_seconds(values[slot : slot + 2 * len(parts)],
+                                      {d: len(spans.get(d, [])) for d in comm_s})
+        if values[0]:
             kept = f"step {self.last_checkpoint}" if self.last_checkpoint is not None else "none"
             raise TrainingDiverged(f"step {self.step}: loss {loss}, gradient norm {grad_norm} (not finite on this rank "
                                    f"or another): stopped before applying the step; last checkpoint: {kept} "
                                    f"in {self.out / 'checkpoints'}")
-        return least
+        return least, link
+
+    def _replica_timeline(self, parts: list[tuple[float, float]]) -> list[float]:
+        """Every DP replica's slot of 2 x len(parts) zeros, this rank's replica's holding each
+        part's start and end: a MAX over the world's ranks then leaves each replica's latest
+        start and end of every part (the clock's readings are > 0)."""
+        timeline = [0.0] * (2 * len(parts) * self.mesh.dp)
+        first = 2 * self.mesh.dp_rank * len(parts)
+        for i, (start, end) in enumerate(parts):
+            timeline[first + 2 * i], timeline[first + 2 * i + 1] = start, end
+        return timeline
+
+    @staticmethod
+    def _link_seconds(replica_timeline: list[float], counts: dict[str, int]) -> dict[str, float]:
+        """Per direction (``counts``: its parts, in order), the link's time in the step's
+        collectives: summed over its parts, the last rank's leaving less the last rank's
+        arrival (0 where the last to leave left before the last arrived), over one DP
+        replica's ranks (``replica_timeline``: its latest start and end of each part).  Each
+        part's lies between the last arriver's own time in it and the last leaver's: no rank
+        waits in it for a slower peer to arrive, whichever is last."""
+        link, k = {}, 0
+        for direction, n in counts.items():
+            link[direction] = sum(max(0.0, replica_timeline[2 * i + 1] - replica_timeline[2 * i])
+                                  for i in range(k, k + n))
+            k += n
+        return link
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -185,3 +185,32 @@ def test_stats_recorder(monkeypatch):
     assert counters.stats()["fwd"]["calls"] == 1
     counters.reset_stats()
     assert counters.stats() == {}
+
+
+def test_the_recorder_keeps_its_spans_once_taken(monkeypatch):
+    clock = [10.0]
+    monkeypatch.setattr(counters, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(counters, "_keep_spans", False)
+    counters.reset_stats()
+
+    def call(key: str, parts: list[float]) -> None:
+        rec = counters.Recorder(key, torch.device("cpu"))
+        for seconds in parts:
+            with rec.comm():
+                clock[0] += seconds
+            clock[0] += 1.0  # codec, compute: outside the spans
+        rec.commit()
+
+    call("fwd", [0.5])
+    assert counters.take_spans() == {}  # nothing kept before the first take: callers that never take them
+    call("fwd", [0.25, 0.125])
+    call("bwd", [2.0])
+    call("fwd", [0.5])
+    assert counters.stats()["fwd"]["comm_s"] == pytest.approx(0.5 + 0.25 + 0.125 + 0.5)
+    assert counters.take_spans() == {"fwd": [(11.5, 11.75), (12.75, 12.875), (16.875, 17.375)],
+                                      "bwd": [(13.875, 15.875)]}
+    assert counters.take_spans() == {}  # taken: cleared
+    call("fwd", [1.0])
+    counters.reset_stats()
+    assert counters.take_spans() == {}
+    counters.reset_stats()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from fp4quant import QuantConfig
+from fp4quant import QuantConfig, comm
 from fp4quant.comm import Wire, validate
 from fp4quant.data import DataError
 from fp4quant.parallel.communicator import Route
@@ -32,6 +32,28 @@ def step_records(rank, world, steps=2, **kwargs):
     trainer = Trainer(TrainConfig(**kwargs))
     trainer.model.train()
     return [trainer.train_step() for _ in range(steps)]
+
+
+def step_records_and_spans(rank, world, steps=2, **kwargs):
+    """step_records, with the spans of each step's collectives this rank timed (what the
+    trainer's second fp4quant.comm.take_spans of a step returned) and its (tp, dp) ranks."""
+    taken = []
+    real = comm.take_spans
+
+    def take():
+        spans = real()
+        taken.append(spans)
+        return spans
+
+    comm.take_spans = take
+    try:
+        trainer = Trainer(TrainConfig(**kwargs))
+        trainer.model.train()
+        records = [trainer.train_step() for _ in range(steps)]
+    finally:
+        comm.take_spans = real
+    spans = [{k: [list(span) for span in v] for k, v in step.items()} for step in taken[1::2]]
+    return records, spans, (trainer.mesh.tp_rank, trainer.mesh.dp_rank)
 
 
 def start(rank, world, per_rank=None, **kwargs):

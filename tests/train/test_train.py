@@ -41,6 +41,44 @@ def test_the_least_time_in_the_collectives_is_the_least_over_the_ranks(data, tmp
                 assert r[f"{d}_comm_least_s"] == least, (step, d, records)
 
 
+def _link(spans_a, spans_b):
+    """The link's time of two ranks' parts: per part, the later end less the later start."""
+    return sum(max(0.0, max(ea, eb) - max(sa, sb)) for (sa, ea), (sb, eb) in zip(spans_a, spans_b))
+
+
+def test_the_link_time_is_the_last_arrivals_to_the_last_departures(data, tmp_path):
+    """comm_link_s: per timed part of the step's collectives, the last rank's end less the
+    last rank's start (both ranks on this host, one clock), summed in order."""
+    (records0, spans0, _), (records1, spans1, _) = run_ranks("train.rank_jobs:step_records_and_spans", 2,
+                                                             short(data, tmp_path / "link", tp=2, comm="fp4quant"))
+    assert len(spans0) == len(records0) > 0
+    for step, (r0, r1, s0, s1) in enumerate(zip(records0, records1, spans0, spans1)):
+        for d in ("fwd", "bwd"):
+            assert len(s0[d]) == len(s1[d]) == 4 * r0[f"{d}_calls"], (step, d)  # each call's two exchanges: issue, wait
+            link = _link(s0[d], s1[d])
+            assert link > 0 and r0[f"{d}_comm_link_s"] == r1[f"{d}_comm_link_s"] == link, (step, d, r0, r1)
+
+
+@pytest.mark.slow
+def test_each_data_parallel_replica_logs_its_own_link_time(data, tmp_path):
+    ranks = run_ranks("train.rank_jobs:step_records_and_spans", 4,
+                      short(data, tmp_path / "dp_link", tp=2, comm="fp4quant", steps=2), timeout=240)
+    replicas = {}
+    for records, spans, (tp_rank, dp_rank) in ranks:
+        replicas.setdefault(dp_rank, {})[tp_rank] = (records, spans)
+    assert sorted(replicas) == [0, 1] and all(sorted(r) == [0, 1] for r in replicas.values())
+    by_replica = {}  # (step, direction) -> {dp_rank: link time}
+    for dp_rank, members in replicas.items():
+        (records0, spans0), (records1, spans1) = members[0], members[1]
+        for step, (r0, r1, s0, s1) in enumerate(zip(records0, records1, spans0, spans1)):
+            for d in ("fwd", "bwd"):
+                link = _link(s0[d], s1[d])
+                assert r0[f"{d}_comm_link_s"] == r1[f"{d}_comm_link_s"] == link > 0, (dp_rank, step, d)
+                by_replica.setdefault((step, d), {})[dp_rank] = link
+    # the two replicas' collectives are apart: their link times differ (not one shared slot)
+    assert any(v[0] != v[1] for v in by_replica.values())
+
+
 @pytest.mark.slow
 def test_sequence_parallel_and_activation_checkpointing_match(data, tmp_path):
     base = run_ranks("train.rank_jobs:train", 2, short(data, tmp_path / "a", tp=2, comm="exact"))[0]["losses"]
