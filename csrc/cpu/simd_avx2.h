@@ -155,16 +155,28 @@ inline __m256i mix32(__m256i x) {
   return _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
 }
 
-// fp4q::uniform of the 8 counters ctr .. ctr + 7.
-inline __m256 uniforms8(uint32_t key, uint64_t ctr) {
+// fp4q::uniform's inner hash, mix32(high word ^ key), for one high word of the counters and
+// the next (taken by the lanes whose low word wrapped): made once per high word rather than
+// per eight values (as simd_avx512.h's UniformHigh).
+struct UniformHigh8 {
+  uint32_t key, word;
+  __m256i at_word, at_next;
+  UniformHigh8(uint32_t k, uint32_t w)
+      : key(k), word(w), at_word(mix32(_mm256_set1_epi32(int32_t(w ^ k)))),
+        at_next(mix32(_mm256_set1_epi32(int32_t((w + 1u) ^ k)))) {}
+};
+
+// fp4q::uniform of the 8 counters ctr .. ctr + 7 (``high``: the last high word's hash, remade
+// here where ctr's differs).
+inline __m256 uniforms8(uint64_t ctr, UniformHigh8& high) {
+  if (uint32_t(ctr >> 32) != high.word) high = UniformHigh8(high.key, uint32_t(ctr >> 32));
   const __m256i lo0 = _mm256_set1_epi32(int32_t(uint32_t(ctr)));
   const __m256i lo = _mm256_add_epi32(lo0, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   // the low word wrapped where lo < lo0 unsigned (a signed compare with the sign bits flipped):
-  // those lanes' high word is one more (the compare's -1 subtracted)
+  // those lanes take the next high word's hash
   const __m256i flip = _mm256_set1_epi32(int32_t(0x80000000u));
   const __m256i wrapped = _mm256_cmpgt_epi32(_mm256_xor_si256(lo0, flip), _mm256_xor_si256(lo, flip));
-  const __m256i hi = _mm256_sub_epi32(_mm256_set1_epi32(int32_t(uint32_t(ctr >> 32))), wrapped);
-  const __m256i h = mix32(_mm256_xor_si256(lo, mix32(_mm256_xor_si256(hi, _mm256_set1_epi32(int32_t(key))))));
+  const __m256i h = mix32(_mm256_xor_si256(lo, _mm256_blendv_epi8(high.at_word, high.at_next, wrapped)));
   return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), _mm256_set1_ps(5.9604644775390625e-08f));
 }
 
@@ -175,28 +187,32 @@ inline __m256i e2m1_stochastic_code_lanes(__m256 y, __m256 r, __m256 u) {
   const __m256 v = _mm256_mul_ps(y, r);
   const __m256 six = _mm256_set1_ps(6.0f);
   const __m256 a = _mm256_min_ps(six, _mm256_castsi256_ps(abs_bits(v)));
-  // spacing 2**(max(floor(log2 a), 0) - 1): 0.5 below 2, 1 below 4, 2 above
+  // spacing sp = 2**(e - 1), e = max(floor(log2 a), 0): 0.5 below 2, 1 below 4, 2 above;
+  // a / sp as a * 2**(1 - e), exact (a power of two), where a division costs several times more
   __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), 23), _mm256_set1_epi32(127));
   e = _mm256_max_epi32(e, _mm256_setzero_si256());
   const __m256 sp = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(126)), 23));
-  const __m256 idx = _mm256_div_ps(a, sp);
+  const __m256 inv_sp = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(128), e), 23));
+  const __m256 idx = _mm256_mul_ps(a, inv_sp);
   const __m256 lo = _mm256_round_ps(idx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   const __m256 frac = _mm256_sub_ps(idx, lo);
   const __m256 up = _mm256_cmp_ps(u, frac, _CMP_LT_OQ);
   const __m256 q = _mm256_min_ps(six, _mm256_mul_ps(_mm256_add_ps(lo, _mm256_and_ps(up, _mm256_set1_ps(1.0f))), sp));
-  __m256i mag = _mm256_setzero_si256();
-  static const float grid[7] = {0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};  // q is on it: count the steps
-  for (float t : grid)
-    mag = _mm256_sub_epi32(mag, _mm256_castps_si256(_mm256_cmp_ps(q, _mm256_set1_ps(t), _CMP_GE_OQ)));
+  // q is on the grid (0, 0.5, 1, 1.5, 2, 3, 4, 6): from 1 up its exponent and first mantissa
+  // bit less 252 are its code (1 -> 2, 1.5 -> 3 .. 6 -> 7), 0 and 0.5 fall to 0 and 0.5 is
+  // given its 1 (the compare's -1 subtracted)
+  const __m256i top = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(q), 22), _mm256_set1_epi32(252));
+  const __m256i half = _mm256_castps_si256(_mm256_cmp_ps(q, _mm256_set1_ps(0.5f), _CMP_EQ_OQ));
+  const __m256i mag = _mm256_sub_epi32(_mm256_max_epi32(top, _mm256_setzero_si256()), half);
   const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(v), 31), 3);
   return _mm256_or_si256(mag, sign);
 }
 
 // The 8 code bytes of one finite micro-group (values 0-7: y0, 8-15: y1) scaled by r with
 // stochastic rounding, value i by the counter ctr + i.
-inline uint64_t e2m1_stochastic_codes16(__m256 y0, __m256 y1, __m256 r, uint32_t key, uint64_t ctr) {
-  const __m256i c0 = e2m1_stochastic_code_lanes(y0, r, uniforms8(key, ctr));
-  const __m256i c1 = e2m1_stochastic_code_lanes(y1, r, uniforms8(key, ctr + 8));
+inline uint64_t e2m1_stochastic_codes16(__m256 y0, __m256 y1, __m256 r, uint64_t ctr, UniformHigh8& high) {
+  const __m256i c0 = e2m1_stochastic_code_lanes(y0, r, uniforms8(ctr, high));
+  const __m256i c1 = e2m1_stochastic_code_lanes(y1, r, uniforms8(ctr + 8, high));
   const __m256i w = _mm256_packus_epi32(c0, c1);  // e2m1_nearest_code_words' order
   return uint64_t(_mm_cvtsi128_si64(pack_codes2(w, w)));
 }
@@ -253,12 +269,13 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
     }
     return;
   }
+  UniformHigh8 high(key, uint32_t(ctr0 >> 32));
   for (int64_t k = 0; k < micros; ++k) {
     const float* v = b + 16 * k;
     uint64_t packed = 0;  // the non-finite code of e2m1
     if (((finite_of[k / 8] >> (k % 8)) & 1u) && stochastic)
-      packed = e2m1_stochastic_codes16(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]), key,
-                                       ctr0 + uint64_t(16 * k));
+      packed = e2m1_stochastic_codes16(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]),
+                                       ctr0 + uint64_t(16 * k), high);
     else if ((finite_of[k / 8] >> (k % 8)) & 1u)
       packed = e2m1_nearest_codes16(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]));
     std::memcpy(codes + 8 * k, &packed, 8);

@@ -174,39 +174,51 @@ inline __m512i mix32(__m512i x) {
   return _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
 }
 
-// fp4q::uniform of the 16 counters ctr .. ctr + 15
-inline __m512 uniforms(uint32_t key, uint64_t ctr) {
+// fp4q::uniform's inner hash, mix32(high word ^ key), for one high word of the counters and
+// for the next (taken by the lanes whose low word wrapped): the same for every micro-group of
+// a span unless its counters cross a multiple of 2**32, so made once per high word rather
+// than per micro-group (half of the hash's multiplies).
+struct UniformHigh {
+  uint32_t key, word;
+  __m512i at_word, at_next;
+  UniformHigh(uint32_t k, uint32_t w)
+      : key(k), word(w), at_word(mix32(_mm512_set1_epi32(int32_t(w ^ k)))),
+        at_next(mix32(_mm512_set1_epi32(int32_t((w + 1u) ^ k)))) {}
+};
+
+// fp4q::uniform of the 16 counters ctr .. ctr + 15 (``high``: the last high word's hash,
+// remade here where ctr's differs)
+inline __m512 uniforms(uint64_t ctr, UniformHigh& high) {
+  if (uint32_t(ctr >> 32) != high.word) high = UniformHigh(high.key, uint32_t(ctr >> 32));
   const __m512i lo0 = _mm512_set1_epi32(int32_t(uint32_t(ctr)));
   const __m512i lo = _mm512_add_epi32(lo0, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   const __mmask16 carry = _mm512_cmplt_epu32_mask(lo, lo0);  // the low word wrapped
-  const __m512i hi = _mm512_mask_add_epi32(_mm512_set1_epi32(int32_t(uint32_t(ctr >> 32))), carry,
-                                           _mm512_set1_epi32(int32_t(uint32_t(ctr >> 32))), _mm512_set1_epi32(1));
-  const __m512i h = mix32(_mm512_xor_si512(lo, mix32(_mm512_xor_si512(hi, _mm512_set1_epi32(int32_t(key))))));
+  const __m512i h = mix32(_mm512_xor_si512(lo, _mm512_mask_blend_epi32(carry, high.at_word, high.at_next)));
   return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), _mm512_set1_ps(5.9604644775390625e-08f));
 }
 
-// FP4 codes of one finite micro-group with stochastic rounding (grid_round, mode stochastic):
-// up with probability equal to the position between the two neighbours, decided by u < frac.
-inline void e2m1_stochastic_codes(__m512 y, float r, __m512 u, uint8_t* out) {
+// The FP4 code of each lane of the finite micro-group y scaled by r with stochastic rounding
+// (grid_round, mode stochastic): up with probability equal to the position between the two
+// neighbours, decided by u < frac; (sign >> 28 & 8) | magnitude, one per 32-bit lane.
+inline __m512i e2m1_stochastic_code_lanes(__m512 y, float r, __m512 u, const E2m1Constants& k) {
   const __m512 v = _mm512_mul_ps(y, _mm512_set1_ps(r));
   const __m512 a = _mm512_min_ps(_mm512_set1_ps(6.0f), abs_ps(v));
-  // spacing 2**(max(floor(log2 a), 0) - 1): 0.5 below 2, 1 below 4, 2 above
+  // spacing sp = 2**(e - 1), e = max(floor(log2 a), 0): 0.5 below 2, 1 below 4, 2 above;
+  // a / sp as a * 2**(1 - e), exact (a power of two), where a division would cost ten times more
   __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), 23), _mm512_set1_epi32(127));
   e = _mm512_max_epi32(e, _mm512_setzero_si512());
   const __m512 sp = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(126)), 23));
-  const __m512 idx = _mm512_div_ps(a, sp);
+  const __m512 inv_sp = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(128), e), 23));
+  const __m512 idx = _mm512_mul_ps(a, inv_sp);
   const __m512 lo = _mm512_roundscale_ps(idx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   const __m512 frac = _mm512_sub_ps(idx, lo);
   const __mmask16 up = _mm512_cmp_ps_mask(u, frac, _CMP_LT_OQ);
   const __m512 q = _mm512_min_ps(_mm512_set1_ps(6.0f), _mm512_mul_ps(_mm512_mask_add_ps(lo, up, lo, _mm512_set1_ps(1.0f)), sp));
-  const __m512i one = _mm512_set1_epi32(1);
-  __m512i mag = _mm512_setzero_si512();
-  static const float grid[7] = {0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};  // q is on it: count the steps
-  for (float t : grid) mag = _mm512_mask_add_epi32(mag, _mm512_cmp_ps_mask(q, _mm512_set1_ps(t), _CMP_GE_OQ), mag, one);
-  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 31), 3);
-  const __m512i codes = _mm512_or_si512(mag, sign);
-  const __m512i pairs = _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(pairs));
+  // q is on the grid (0, 0.5, 1, 1.5, 2, 3, 4, 6): its exponent and first mantissa bit less
+  // 251 index its code (q = 0 -> 0, 0.5 -> 1, 1 -> 3, 1.5 -> 4 .. 6 -> 8)
+  const __m512i step = _mm512_subs_epu16(_mm512_srli_epi32(_mm512_castps_si512(q), 22), _mm512_set1_epi32(251));
+  const __m512i mag = _mm512_permutexvar_epi32(step, _mm512_setr_epi32(0, 1, 0, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0));
+  return _mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 28), k.sign_bit, mag, 0xEA);
 }
 
 // E4M3 micro-scales of up to 16 micro-groups at once (fp4q::micro_scale, vectorized for
@@ -294,20 +306,24 @@ inline void group_amax(const float* b, int64_t count, float* amax, __mmask16& fi
 inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len, float c, uint8_t* scales,
                                  uint8_t* codes, uint32_t key, uint64_t ctr0) {
   const int64_t micros = len / 16;  // at most 4096
-  // the micro-scales of the whole span first: their divisions (a chain of three per 16
-  // micro-groups) are then independent of each other and overlap
+  // the micro-scales of the whole span before any code, and every micro-group's maximum
+  // before any micro-scale: a loop of the scales alone keeps several blocks' chains of
+  // divisions in flight, where one loop doing both waits for each block's (as simd_avx2.h)
   // on the stack, not thread_local: in a shared library each thread_local access is a call
   // (__tls_get_addr), and a call in the loop spills every register it holds (measured)
   alignas(64) float r[4096 + 16];
+  alignas(64) float amax[4096 + 16];
   uint16_t finite_of[256 + 1];  // finite mask of micro-groups 16j .. 16j+15
+  for (int64_t j0 = 0; j0 < micros; j0 += 16) {
+    __mmask16 finite;
+    group_amax(b + 16 * j0, micros - j0 < 16 ? micros - j0 : 16, amax + j0, finite);
+    finite_of[j0 / 16] = finite;
+  }
   bool all_finite = true;
   for (int64_t j0 = 0; j0 < micros; j0 += 16) {
     const int64_t count = micros - j0 < 16 ? micros - j0 : 16;
-    alignas(64) float amax[16];
-    __mmask16 finite;
-    group_amax(b + 16 * j0, count, amax, finite);
-    e4m3_micro_scales(amax, finite, c, cfg.coarse != kCoarseNone, cfg.scale_round, scales + j0, r + j0, count);
-    finite_of[j0 / 16] = finite;
+    const __mmask16 finite = finite_of[j0 / 16];
+    e4m3_micro_scales(amax + j0, finite, c, cfg.coarse != kCoarseNone, cfg.scale_round, scales + j0, r + j0, count);
     all_finite = all_finite && finite == __mmask16((1u << count) - 1u);
   }
   E2m1Constants K = E2m1Constants::make();
@@ -321,12 +337,25 @@ inline void encode_fp4_e4m3_span(const Config& cfg, const float* b, int64_t len,
     }
     return;
   }
+  UniformHigh high(key, uint32_t(ctr0 >> 32));
+  if (all_finite && cfg.rounding == kRoundStochastic && micros % 4 == 0) {  // the trainer's backward: the same
+    for (int64_t k = 0; k < micros; k += 4) {
+      K.pin();
+      const uint64_t ctr = ctr0 + uint64_t(16 * k);
+      store_codes4(e2m1_stochastic_code_lanes(_mm512_loadu_ps(b + 16 * k), r[k], uniforms(ctr, high), K),
+                   e2m1_stochastic_code_lanes(_mm512_loadu_ps(b + 16 * k + 16), r[k + 1], uniforms(ctr + 16, high), K),
+                   e2m1_stochastic_code_lanes(_mm512_loadu_ps(b + 16 * k + 32), r[k + 2], uniforms(ctr + 32, high), K),
+                   e2m1_stochastic_code_lanes(_mm512_loadu_ps(b + 16 * k + 48), r[k + 3], uniforms(ctr + 48, high), K),
+                   codes + 8 * k, K);
+    }
+    return;
+  }
   auto is_finite = [&](int64_t k) { return (finite_of[k / 16] >> (k % 16)) & 1u; };
   auto one = [&](int64_t k) {
     uint8_t* out = codes + 8 * k;
     if (is_finite(k) && cfg.rounding == kRoundStochastic) {
-      const __m512 u = uniforms(key, ctr0 + uint64_t(16 * k));
-      e2m1_stochastic_codes(_mm512_loadu_ps(b + 16 * k), r[k], u, out);
+      const __m512 u = uniforms(ctr0 + uint64_t(16 * k), high);
+      store_codes(e2m1_stochastic_code_lanes(_mm512_loadu_ps(b + 16 * k), r[k], u, K), out);
     } else if (is_finite(k)) {
       e2m1_nearest_codes(_mm512_loadu_ps(b + 16 * k), r[k], out, K);
     } else {
