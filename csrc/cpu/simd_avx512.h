@@ -214,7 +214,8 @@ inline __m512i e2m1_stochastic_code_lanes(__m512 y, float r, __m512 u, const E2m
   const __m512 frac = _mm512_sub_ps(idx, lo);
   const __mmask16 up = _mm512_cmp_ps_mask(u, frac, _CMP_LT_OQ);
   const __m512 q = _mm512_min_ps(_mm512_set1_ps(6.0f), _mm512_mul_ps(_mm512_mask_add_ps(lo, up, lo, _mm512_set1_ps(1.0f)), sp));
-  // q is on the grid (0, 0.5, 1, 1.5, 2, 3, 4, 6): its exponent and first mantissa bit less
+  // q is on the grid (0, 0.5, 1, 1.5, 2, 3, 4, 6; v is never NaN: the micro-group and r are
+  // finite, and an overflow to inf saturates to 6): its exponent and first mantissa bit less
   // 251 index its code (q = 0 -> 0, 0.5 -> 1, 1 -> 3, 1.5 -> 4 .. 6 -> 8)
   const __m512i step = _mm512_subs_epu16(_mm512_srli_epi32(_mm512_castps_si512(q), 22), _mm512_set1_epi32(251));
   const __m512i mag = _mm512_permutexvar_epi32(step, _mm512_setr_epi32(0, 1, 0, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0));
