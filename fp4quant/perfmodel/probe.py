@@ -47,7 +47,8 @@ link     uncompressed all-reduces (BF16) for model.fit_link, at the sizes the ru
          the run's primitive there (BF16: an all-reduce; compressed: the two-shot's
          exchanges), the least over the ranks per step as the trainer counts communication
          (calibrate.CollectiveGaps); after compute on both ranks it costs a wake-up and a
-         round trip, which the back-to-back small all-reduces after a barrier miss
+         round trip, which the back-to-back small all-reduces after a barrier miss; each
+         step's alone is kept too ("wire_step_latency_s_by_step": the spread within a probe)
 
 Rank 0 writes ``--out`` (JSON): medians, every rank's compute FLOP/s, raw link timings.
 
@@ -205,19 +206,31 @@ def in_step_codec_rates(preset: str, per_rank: list[list[dict]], values: int, wo
     return out
 
 
+def _least_per_step(per_rank: list[list[dict]]) -> list[tuple[float, int]]:
+    """Per step, (the least over the ranks of its transfers' seconds, its wire steps)."""
+    if not per_rank or not per_rank[0]:
+        return []
+    if len({len(steps) for steps in per_rank}) != 1:
+        raise ValueError(f"the ranks timed different numbers of steps: {[len(s) for s in per_rank]}")
+    return [(min(steps[i]["seconds"] for steps in per_rank), per_rank[0][i]["wire_steps"])
+            for i in range(len(per_rank[0]))]
+
+
 def in_step_latency(per_rank: list[list[dict]]) -> float | None:
     """Seconds a wire step of the small transfers that end the gapped steps' waits took
     (calibrate.CollectiveGaps with latency_bytes; ``per_rank``: each rank's steps, each
     {"seconds", "wire_steps"}): per step the least over the ranks, as the trainer counts a
     step's communication (the later rank's time is the link's, the earlier's also its wait
     for the peer), summed over the steps, over their wire steps.  None without transfers."""
-    if not per_rank or not per_rank[0]:
-        return None
-    if len({len(steps) for steps in per_rank}) != 1:
-        raise ValueError(f"the ranks timed different numbers of steps: {[len(s) for s in per_rank]}")
-    least = [min(steps[i]["seconds"] for steps in per_rank) for i in range(len(per_rank[0]))]
-    wire_steps = sum(s["wire_steps"] for s in per_rank[0])
-    return sum(least) / wire_steps if wire_steps else None
+    steps = _least_per_step(per_rank)
+    wire_steps = sum(n for _, n in steps)
+    return sum(least for least, _ in steps) / wire_steps if wire_steps else None
+
+
+def in_step_latency_by_step(per_rank: list[list[dict]]) -> list[float | None]:
+    """in_step_latency of each step alone (None for a step without wire steps): its spread
+    within one probe, against which a drift between probes can be told apart."""
+    return [least / n if n else None for least, n in _least_per_step(per_rank)]
 
 
 def link_timings(sizes: list[int], iters: int, budget_bytes: int, latency_iters: int = 100) -> list[dict]:
@@ -363,6 +376,7 @@ def main(argv=None) -> int:
             latency = in_step_latency([g["transfers"][c] for g in gathered])
             if latency is not None:
                 entry["wire_step_latency_s"] = latency
+                entry["wire_step_latency_s_by_step"] = in_step_latency_by_step([g["transfers"][c] for g in gathered])
         shared = {"rank_flops": by_comm["bf16"]["rank_flops"], "skew_s": by_comm["bf16"]["skew_s"], "compute_by_comm": by_comm,
                   "load_average_1min": gathered[0]["load"], "message_values": values, "world": world,
                   "threads_per_rank": threads}

@@ -170,9 +170,13 @@ def test_in_step_latency_is_the_least_rank_per_step_over_the_wire_steps():
     ranks = [[{"seconds": 4e-3, "wire_steps": 4}, {"seconds": 1e-3, "wire_steps": 4}],
              [{"seconds": 2e-3, "wire_steps": 4}, {"seconds": 3e-3, "wire_steps": 4}]]
     assert probe.in_step_latency(ranks) == pytest.approx((2e-3 + 1e-3) / 8)  # the later rank's time each step
+    assert probe.in_step_latency_by_step(ranks) == pytest.approx([2e-3 / 4, 1e-3 / 4])
+    assert probe.in_step_latency_by_step([[{"seconds": 1e-3, "wire_steps": 0}]]) == [None]
     assert probe.in_step_latency([[], []]) is None and probe.in_step_latency([]) is None
     with pytest.raises(ValueError, match="different numbers of steps"):
         probe.in_step_latency([ranks[0], ranks[1][:1]])
+    with pytest.raises(ValueError, match="different numbers of steps"):
+        probe.in_step_latency_by_step([ranks[0], ranks[1][:1]])
 
 
 def test_in_step_transfers_need_peers():
