@@ -174,7 +174,8 @@ class Recorder:
         yield
         end = self._now()
         self.comm_s += end - t
-        self.spans.append((t, end))
+        if _keep_spans:  # nothing to append for callers that never take them
+            self.spans.append((t, end))
 
     def commit(self) -> None:
         s = _STATS[self.key]
@@ -189,5 +190,5 @@ class Recorder:
         s["wire_steps"] += self.wire_steps
         s["codec_stretch_s"] += self.codec_stretch_s
         s["codec_unstretched"] += self.codec_unstretched
-        if _keep_spans:
+        if self.spans:
             _SPANS[self.key].extend(self.spans)
