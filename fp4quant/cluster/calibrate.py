@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from .. import ops
+from .. import comm, ops
 from ..format.config import QuantConfig
 from ..models import ModelConfig, Qwen2ForCausalLM
 from ..comm import exchange
@@ -185,11 +185,84 @@ class CollectiveGaps:
             h.remove()
 
 
+class InStepCollectives(CollectiveGaps):
+    """At CollectiveGaps's places, no idle gap: the run's own all-reduce (TPCommunicator over
+    the default group, ``config``'s wire each direction, as the trainer calls it) of a copy of
+    the first ``fraction`` of the tensor the run reduces there.  ``transfer_s`` and
+    ``wire_steps`` are fp4quant.comm's counters of those calls since ``reset`` (comm_s:
+    issuing the collectives and waiting for them, the trainer's communication timer);
+    ``codec_total_s`` their codec ops; ``slept_s`` the rest of the calls (copies, buffers),
+    so that the step's time leaves the whole calls out.  ``reset`` clears fp4quant.comm's
+    process-wide counters.
+
+    Why: the probe's small transfers after idle gaps read a latency that moves up to 2x from
+    one set of steps to the next, and fp4quant's bare exchanges, even with the run's bytes,
+    6-17% under the run's (reference/cpu-amd-epyc-zen4-2core-instep-transfers-5a111fe/);
+    on the 2-core VM a sleep of 60 us before each exchange moved its time by 0.5-0.9 ms, so
+    only the run's own code path meets the host's scheduling as the run does.  A ``fraction``
+    below 1 sends other bytes than the run, so that the run's communication is still a
+    prediction (fp4quant.perfmodel.validate fits the latency to these calls' time)."""
+
+    def __init__(self, net: Qwen2ForCausalLM, config: CommConfig, world: int, fraction: float):
+        if world < 2:
+            raise ValueError(f"in-step collectives need a world of at least 2, got {world}")
+        if not 0 < fraction <= 1:
+            raise ValueError(f"the in-step collectives' fraction of the run's tensors must be in (0, 1], got {fraction}")
+        self.tp = TPCommunicator(dist.group.WORLD, config)
+        if self.tp.world != world:
+            raise ValueError(f"in-step collectives over the default group of {self.tp.world} ranks, asked for {world}")
+        self.fraction, self._sent = fraction, {}
+        self._step = 0
+        super().__init__(net, 0.0)
+        self.world = world
+
+    def reset(self) -> None:
+        comm.reset_stats()
+        self.call_s, self.naps = 0.0, 0
+        self.tp.start_step(self._step)  # the trainer keys its random streams by step
+        self._step += 1
+
+    def _total(self, field: str) -> float:
+        counters = comm.stats()
+        return sum(counters.get(d, {}).get(field, 0) for d in ("fwd", "bwd"))
+
+    @property
+    def transfer_s(self) -> float:
+        return self._total("comm_s")
+
+    @property
+    def wire_steps(self) -> int:
+        return int(self._total("wire_steps"))
+
+    @property
+    def codec_total_s(self) -> float:
+        return self._total("codec_s")
+
+    @property
+    def slept_s(self) -> float:
+        return self.call_s - self.transfer_s - self.codec_total_s
+
+    def _nap(self, direction: str, sent: torch.Tensor | None) -> None:
+        if sent is None:
+            return
+        flat = sent.detach().reshape(-1)
+        count = max(1, round(self.fraction * flat.numel()))
+        buf = self._sent.get((count, flat.dtype))
+        if buf is None:
+            buf = self._sent[(count, flat.dtype)] = flat.new_empty(count)
+        t = time.perf_counter()
+        buf.copy_(flat[:count])
+        self.tp.all_reduce(buf, direction)
+        self.call_s += time.perf_counter() - t
+        self.naps += 1
+
+
 def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps: int,
                       paced: bool = False, collective_gap_s: float = 0.0,
                       scalar_allreduce_s: list[float] | None = None,
                       codec: CommConfig | None = None, codec_s: list[dict] | None = None,
-                      latency_bytes: int = 0, transfers: list[dict] | None = None) -> list[float]:
+                      latency_bytes: int = 0, transfers: list[dict] | None = None,
+                      in_step_collectives: CommConfig | None = None, collective_fraction: float = 1.0) -> list[float]:
     """Seconds of each of ``steps`` whole training steps (forward, backward, AdamW step) of one
     TP rank's shard, after a warm-up step (not returned); ``paced``: each after an idle gap as
     long as the previous step (as a run's compute between link waits); ``collective_gap_s``:
@@ -199,13 +272,21 @@ def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps:
     head, the gradient norm and the non-finite check after the backward), each step's
     seconds in them appended to it and left out of the step's time; ``latency_bytes`` and
     ``transfers`` (a list; needs a process group of ``tp`` ranks): each gap ends in a small
-    real transfer (CollectiveGaps), each step's {"seconds", "wire_steps"} appended to it."""
+    real transfer (CollectiveGaps), each step's {"seconds", "wire_steps"} appended to it;
+    ``in_step_collectives`` (needs a process group of ``tp`` ranks; no gaps then): the run's
+    own all-reduces of ``collective_fraction`` of each tensor there instead (InStepCollectives),
+    their seconds in the collectives and wire steps appended to ``transfers``."""
     cfg = ModelConfig.preset(model)
     # One rank's shard of the model (built for a TP group of `tp`), then run as if alone:
     # at world 1 the mappings send nothing, so this times exactly a rank's compute.
     net = Qwen2ForCausalLM(cfg, TPCommunicator.virtual_group(tp))
     net.tp.world = 1
-    gaps = CollectiveGaps(net, collective_gap_s, codec, tp, latency_bytes) if collective_gap_s > 0 else None
+    if in_step_collectives is not None:
+        if collective_gap_s > 0 or codec is not None or latency_bytes:
+            raise ValueError("in-step collectives replace the gaps: no collective_gap_s, codec or latency_bytes with them")
+        gaps = InStepCollectives(net, in_step_collectives, tp, collective_fraction)
+    else:
+        gaps = CollectiveGaps(net, collective_gap_s, codec, tp, latency_bytes) if collective_gap_s > 0 else None
     scalar = torch.zeros(1, dtype=torch.float64)
     in_scalar = [0.0]
 

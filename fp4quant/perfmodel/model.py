@@ -74,6 +74,13 @@ class Workload:
     batch_size: int  # sequences per DP rank per step
     dp: int = 1
     scalar_allreduces: int = 5  # fp4quant.train: 3 in the vocab-parallel loss, gradient norm, non-finite check
+    # the share of each TP all-reduce's tensor sent (1: all, as the trainer; the probe's
+    # in-step collectives send part of it: perfmodel.validate fits the latency to them)
+    message_fraction: float = 1.0
+
+    def __post_init__(self):
+        if not 0 < self.message_fraction <= 1:
+            raise ValueError(f"message_fraction must be in (0, 1], got {self.message_fraction}")
 
     @property
     def tokens(self) -> int:
@@ -144,7 +151,7 @@ def step(w: Workload, m: Machine, preset: str, compress: str = "both", overlap: 
     compute = w.model.flops_per_token(w.seq_len) * w.tokens / w.tp / m.rank_flops
     spans_nodes = w.tp > m.ranks_per_node
     bw, lat = (m.inter_bw, m.inter_latency) if spans_nodes else (m.intra_bw, m.intra_latency)
-    values = w.tokens * w.model.hidden_size
+    values = w.tokens * w.model.hidden_size * w.message_fraction
     n = w.messages_per_direction
     comm = quant = dequant = wire = 0.0
     config = QuantConfig.preset(preset)

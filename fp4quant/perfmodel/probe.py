@@ -48,7 +48,14 @@ link     uncompressed all-reduces (BF16) for model.fit_link, at the sizes the ru
          exchanges), the least over the ranks per step as the trainer counts communication
          (calibrate.CollectiveGaps); after compute on both ranks it costs a wake-up and a
          round trip, which the back-to-back small all-reduces after a barrier miss; each
-         step's alone is kept too ("wire_step_latency_s_by_step": the spread within a probe)
+         step's alone is kept too ("wire_step_latency_s_by_step": the spread within a probe).
+         Then, per comm, steps with the run's own all-reduces of --collective-fraction of
+         each tensor where the waits were (calibrate.InStepCollectives, no gaps):
+         "collective_comm_s", the mean over steps of the least over the ranks of a step's
+         seconds in them (the trainer's communication timer), "collective_wire_steps" and
+         "collective_fraction"; perfmodel.validate fits the latency to them (what the model
+         uses where a probe has them: the small transfers read 6-17% under the run's
+         exchanges and move 2x between probes)
 
 Rank 0 writes ``--out`` (JSON): medians, every rank's compute FLOP/s, raw link timings.
 
@@ -307,12 +314,16 @@ def main(argv=None) -> int:
     ap.add_argument("--link-budget-mib", type=int, default=16, help="bytes timed per size (at least 3 iterations)")
     ap.add_argument("--evict-mib", type=int, default=32, help="memory touched before each in-collective codec call")
     ap.add_argument("--steps", type=int, default=8, help="timed training steps of each compute probe")
+    ap.add_argument("--collective-fraction", type=float, default=0.5,
+                    help="share of each run tensor the in-step collectives all-reduce (0: none)")
     ap.add_argument("--gaps-from", metavar="EARLIER_JSON", default=None,
                     help="a bracketing probe after the runs: the gapped steps alone, with this probe's link (see above)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.link_iters < 1 or a.steps < 1 or any(s < 2 for s in a.link_sizes or []):
         ap.error("--link-iters and --steps must be >= 1, --link-sizes >= 2 bytes")
+    if not 0 <= a.collective_fraction <= 1:
+        ap.error(f"--collective-fraction must be in [0, 1], got {a.collective_fraction}")
     pin_threads()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -337,7 +348,7 @@ def main(argv=None) -> int:
     gaps = collective_gaps(link, values, world, a.presets)
     dist.barrier()
     step_flops = cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world
-    gapped, scalar, in_step, transfers = {}, {}, {}, {}
+    gapped, scalar, in_step, transfers, collectives = {}, {}, {}, {}, {}
     for comm_name, gap in gaps.items():  # the run's compute cut by its all-reduces' waits (and codec)
         scalar[comm_name], in_step[comm_name], transfers[comm_name] = [], [], []
         codec_config = CommConfig.from_preset(comm_name) if QuantConfig.preset(comm_name).compressed and world > 1 else None
@@ -347,13 +358,20 @@ def main(argv=None) -> int:
                                               latency_bytes=LATENCY_MESSAGE_BYTES,
                                               transfers=transfers[comm_name])
         dist.barrier()
+        if world > 1 and a.collective_fraction > 0:  # the run's own all-reduces of part of its tensors
+            collectives[comm_name] = []
+            rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps,
+                              in_step_collectives=CommConfig.from_preset(comm_name),
+                              collective_fraction=a.collective_fraction, transfers=collectives[comm_name])
+            dist.barrier()
     hot, codec = {}, {}
     if earlier is None:  # the codec in loops and in all-reduces: a full probe's only
         hot = codec_rates(values, world, a.presets)
         codec = in_collective_rates(values, world, a.presets, hot, evict_mib=a.evict_mib)
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"gapped_s": gapped, "scalar_s": scalar, "continuous": continuous, "codec": codec, "hot": hot,
-                                      "in_step": in_step, "transfers": transfers, "load": os.getloadavg()[0]})
+                                      "in_step": in_step, "transfers": transfers, "collectives": collectives,
+                                      "load": os.getloadavg()[0]})
     exact = exact_allreduce_s() if earlier is None else None
     if rank == 0:
         # the step waits for its slowest rank: the smallest codec rates
@@ -377,6 +395,12 @@ def main(argv=None) -> int:
             if latency is not None:
                 entry["wire_step_latency_s"] = latency
                 entry["wire_step_latency_s_by_step"] = in_step_latency_by_step([g["transfers"][c] for g in gathered])
+            if c in collectives:
+                least = _least_per_step([g["collectives"][c] for g in gathered])
+                entry["collective_fraction"] = a.collective_fraction
+                entry["collective_comm_s"] = statistics.fmean(t for t, _ in least)
+                entry["collective_wire_steps"] = statistics.fmean(n for _, n in least)
+                entry["collective_comm_s_by_step"] = [t for t, _ in least]
         shared = {"rank_flops": by_comm["bf16"]["rank_flops"], "skew_s": by_comm["bf16"]["skew_s"], "compute_by_comm": by_comm,
                   "load_average_1min": gathered[0]["load"], "message_values": values, "world": world,
                   "threads_per_rank": threads}

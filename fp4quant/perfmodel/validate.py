@@ -25,9 +25,11 @@ of a rank while all compute, cut by idle gaps where the run's all-reduces are, a
 they take under the run's comm (the probe's compute_by_comm); the codec at the all-reduce's
 shapes and rounding, timed inside those steps where the run runs it (older probes: inside
 real compressed all-reduces); the link fitted to its all-reduces (model.fit_link: the slope of the
-medians) with the token bucket's depth from the record, and its latency per wire step as
-the probe's in-step transfers met it under the run's comm (older probes: the smallest
-message's mean over the probe's many, where it rides on the burst); the scalar all-reduces as the probe timed them inside its steps; the ranks'
+medians) with the token bucket's depth from the record, and its latency per wire step the one at which the model
+gives the time of the probe's in-step collectives (the run's own all-reduces of part of each
+tensor, inside its steps: latency_for_comm; older probes: as the probe's in-step small
+transfers met it under the run's comm, or the smallest message's mean over the probe's many,
+where it rides on the burst); the scalar all-reduces as the probe timed them inside its steps; the ranks'
 skew (a rank's wait for a slower one: the wait row, or inside communication for older logs).
 Nothing is fitted to the training runs.  Rows: config,
 comm, component (compute, quantize, dequantize, codec, communication, wait, scalar, total),
@@ -46,6 +48,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..models.config import ModelConfig
@@ -124,10 +127,32 @@ def link_seconds(records: list[dict]) -> list[float] | None:
     return [r["fwd_comm_link_s"] + r["bwd_comm_link_s"] for r in records]
 
 
+def latency_for_comm(w: Workload, m: Machine, comm: str, comm_s: float, most_s: float = 1.0) -> float:
+    """The least latency per wire step at which the model's communication of ``w`` on ``m``
+    under ``comm`` lasts ``comm_s`` a step (0 where the bytes alone take that long).  The
+    model's communication never falls as the latency grows (a shaped link refills during it
+    as much as it can save), so a bisection finds it."""
+    def comm_at(latency: float) -> float:
+        return step(w, replace(m, inter_latency=latency, intra_latency=latency), comm).comm_s
+
+    if comm_at(0.0) >= comm_s:
+        return 0.0
+    if comm_at(most_s) < comm_s:
+        raise ValueError(f"{comm}: {comm_s:.4g} s a step in the collectives is more than the model gives with "
+                         f"{most_s:g} s a wire step of latency")
+    low, high = 0.0, most_s
+    for _ in range(60):  # to well under a nanosecond
+        mid = (low + high) / 2
+        low, high = (mid, high) if comm_at(mid) < comm_s else (low, mid)
+    return high
+
+
 def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1.0,
-                       comm: str | None = None) -> tuple[Machine, dict]:
+                       comm: str | None = None, workload: Workload | None = None) -> tuple[Machine, dict]:
     """The emulated machine as the probe measured it (see fp4quant.perfmodel.probe), its
-    compute as the probe timed it under ``comm``'s waits where the probe has that."""
+    compute as the probe timed it under ``comm``'s waits where the probe has that; with
+    ``workload`` (the run's) and the probe's in-step collectives of ``comm``, the latency
+    at which the model gives their time (latency_for_comm, at their share of each tensor)."""
     link = sorted(probe["link"], key=lambda r: r["size_bytes"])
     by_comm = probe.get("compute_by_comm", {})
     compute = by_comm.get(comm) or by_comm.get("bf16") or probe  # a comm it did not time: BF16's waits
@@ -146,8 +171,15 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
                 burst_bytes=burst_bytes,
                 scalar_allreduce_s=compute.get("scalar_allreduce_s", probe.get("exact_allreduce_s")),
                 skew_s=compute.get("skew_s", 0.0))
-    return m, {"fitted_latency_s": alpha, "latency_source": source, "fitted_bandwidth_Bps": bw,
-               "burst_bytes": burst_bytes, "codec_stretch": codec_stretch}
+    fit = {"fitted_latency_s": alpha, "latency_source": source, "fitted_bandwidth_Bps": bw,
+           "burst_bytes": burst_bytes, "codec_stretch": codec_stretch}
+    if workload is not None and comm is not None and "collective_comm_s" in compute:
+        fraction = compute["collective_fraction"]
+        alpha = latency_for_comm(replace(workload, message_fraction=fraction), m, comm, compute["collective_comm_s"])
+        m = replace(m, inter_latency=alpha, intra_latency=alpha)
+        fit.update(fitted_latency_s=alpha, in_step_transfer_latency_s=fit["fitted_latency_s"],
+                   latency_source=f"in-step collectives of {fraction:g} of each tensor")
+    return m, fit
 
 
 def _harmonic(values: list[float]) -> float:
@@ -200,7 +232,8 @@ def bracketed(probes: list[dict], names: list[str]) -> dict:
             raise ValueError(f"{', '.join(missing)}: no steps timed under {comm}, which {names[0]} timed")
         entries = [entry] + [p["compute_by_comm"][comm] for p in later]
         by_comm[comm] = {**_merge_compute(entries), "rank_flops_by_probe": [e["rank_flops"] for e in entries],
-                         "wire_step_latency_s_by_probe": [e.get("wire_step_latency_s") for e in entries]}
+                         "wire_step_latency_s_by_probe": [e.get("wire_step_latency_s") for e in entries],
+                         "collective_comm_s_by_probe": [e.get("collective_comm_s") for e in entries]}
     return {**first, "compute_by_comm": by_comm, "rank_flops": by_comm["bf16"]["rank_flops"],
             "skew_s": by_comm["bf16"]["skew_s"]}
 
@@ -234,9 +267,9 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float) -> t
         record = _record(run)
         cal = record.get("calibration") or {}
         stretch = next((float(src[k]) for src in (record, cal) for k in CODEC_STRETCH_KEYS if k in src), 1.0)
-        machine, fit = machine_from_probe(probe, float(record.get("link_burst_bytes", 0)), stretch, cfg["comm"])
         w = Workload(ModelConfig(**summary["model"]), summary["mesh"]["tp"], cfg["seq_len"], cfg["batch_size"],
                      summary["mesh"]["dp"])
+        machine, fit = machine_from_probe(probe, float(record.get("link_burst_bytes", 0)), stretch, cfg["comm"], w)
         rate = record.get("link_rate_mbit")
         if not rate:
             name = f"{cfg['comm']} ({run.name})"
@@ -246,7 +279,7 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float) -> t
             name = f"{cfg['comm']} (loopback; {rate:g} Mbit/s asked)"
         fits[name] = {**fit, "run": str(run), "emulated": record.get("emulated"), "probes": [str(p) for p in paths],
                       **{k: probe.get("compute_by_comm", {}).get(cfg["comm"], {}).get(k)
-                         for k in ("rank_flops_by_probe", "wire_step_latency_s_by_probe")}}
+                         for k in ("rank_flops_by_probe", "wire_step_latency_s_by_probe", "collective_comm_s_by_probe")}}
         records = steady(read_log(run), skip)
         measured = measured_components(records)
         link = link_seconds(records)

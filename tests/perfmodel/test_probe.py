@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fp4quant import ops
-from fp4quant.cluster.calibrate import CollectiveGaps
+from fp4quant.cluster.calibrate import CollectiveGaps, InStepCollectives, rank_step_seconds
 from fp4quant.format.config import QuantConfig
 from fp4quant.models import ModelConfig, Qwen2ForCausalLM
 from fp4quant.parallel import CommConfig, TPCommunicator
@@ -65,6 +65,10 @@ def test_probe_two_ranks_time_the_latency_with_each_comms_own_transfers(tmp_path
     for c in p["compute_by_comm"].values():  # each wait ended in real transfers: a latency per wire step
         assert c["collective_gap_s"] > 0 and len(c["step_s"]) == 2 and len(c["step_s"][0]) == 2
         assert 0 < c["wire_step_latency_s"] < 1.0
+        # the run's own all-reduces of half of each tensor: 2 x 2 wire steps for each of a step's 2 x 9
+        assert c["collective_fraction"] == 0.5 and c["collective_wire_steps"] == 36
+        assert len(c["collective_comm_s_by_step"]) == 2 and c["collective_comm_s"] == pytest.approx(
+            statistics.fmean(c["collective_comm_s_by_step"])) and 0 < c["collective_comm_s"] < 10
     # a bracketing probe after the runs: the gapped steps alone, cut by the same waits
     after = tmp_path / "after.json"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -75,6 +79,7 @@ def test_probe_two_ranks_time_the_latency_with_each_comms_own_transfers(tmp_path
     for name, c in b["compute_by_comm"].items():
         assert c["collective_gap_s"] == p["compute_by_comm"][name]["collective_gap_s"] and len(c["step_s"][0]) == 2
     assert "codec_values_per_s" in b["compute_by_comm"]["fp4quant"] and b["world"] == 2
+    assert all(c["collective_wire_steps"] == 36 for c in b["compute_by_comm"].values())
 
 
 def test_a_bracketing_probe_refuses_a_probe_of_another_shape_in_one_line(tmp_path):
@@ -184,6 +189,17 @@ def test_in_step_transfers_need_peers():
     net.tp.world = 1
     with pytest.raises(ValueError, match="world of at least 2 and at least 2 bytes a rank, got world 1"):
         CollectiveGaps(net, 1e-4, world=1, latency_bytes=4096)
+
+
+def test_in_step_collectives_need_peers_a_share_and_no_gaps():
+    net = Qwen2ForCausalLM(ModelConfig.preset("tiny"), TPCommunicator.virtual_group(2))
+    net.tp.world = 1
+    with pytest.raises(ValueError, match="in-step collectives need a world of at least 2, got 1"):
+        InStepCollectives(net, CommConfig.from_preset("fp4quant"), 1, 0.5)
+    with pytest.raises(ValueError, match=r"fraction of the run's tensors must be in \(0, 1\], got 1.5"):
+        InStepCollectives(net, CommConfig.from_preset("fp4quant"), 2, 1.5)
+    with pytest.raises(ValueError, match="in-step collectives replace the gaps"):
+        rank_step_seconds("tiny", 16, 1, 2, 1, collective_gap_s=1e-3, in_step_collectives=CommConfig.from_preset("bf16"))
 
 
 def test_codec_rates_count_the_shard_for_the_reduce_as_the_model_does(monkeypatch):

@@ -4,6 +4,7 @@ a probe, the CSV's arithmetic, old logs, bad input."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -190,6 +191,40 @@ def test_the_machine_takes_the_latency_the_in_step_transfers_met_under_its_comm(
     assert bf16.inter_latency == 7e-4
     _, old = validate.machine_from_probe(PROBE, 131072, comm="fp4quant")  # a probe without them: the link's fit
     assert old["latency_source"] == "link fit"
+
+
+def test_the_latency_for_a_comm_is_the_one_the_model_was_given_at_that_share_of_the_messages():
+    machine, _ = validate.machine_from_probe(PROBE, 30000)  # a 60 Mbit/s-like link: messages near the burst
+    half = Workload(MODEL, 2, 128, 2, message_fraction=0.5)
+    for latency in (2e-4, 1.3e-3, 4e-3):
+        given = replace(machine, inter_latency=latency, intra_latency=latency)
+        comm_s = step(half, given, "fp4quant").comm_s
+        assert validate.latency_for_comm(half, machine, "fp4quant", comm_s) == pytest.approx(latency, rel=1e-9)
+    bytes_only = step(half, replace(machine, inter_latency=0.0, intra_latency=0.0), "fp4quant").comm_s
+    assert validate.latency_for_comm(half, machine, "fp4quant", 0.5 * bytes_only) == 0.0  # faster than the bytes
+    with pytest.raises(ValueError, match="more than the model gives with 1 s a wire step"):
+        validate.latency_for_comm(half, machine, "fp4quant", 1e6)
+    with pytest.raises(ValueError, match=r"message_fraction must be in \(0, 1\], got 0"):
+        Workload(MODEL, 2, 128, 2, message_fraction=0)
+
+
+def test_the_machine_takes_the_latency_fitted_to_the_in_step_collectives_of_its_comm():
+    run = Workload(MODEL, 2, 128, 2)
+    base = {"rank_flops": 3e10, "wire_step_latency_s": 7e-4}
+    plain, _ = validate.machine_from_probe({**PROBE, "compute_by_comm": {"fp4quant": base}}, 30000, comm="fp4quant")
+    truth = replace(plain, inter_latency=1.6e-3, intra_latency=1.6e-3)
+    measured = step(replace(run, message_fraction=0.5), truth, "fp4quant").comm_s
+    entry = {**base, "collective_fraction": 0.5, "collective_comm_s": measured, "collective_wire_steps": 36}
+    probe = {**PROBE, "compute_by_comm": {"fp4quant": entry}}
+    m, fit = validate.machine_from_probe(probe, 30000, comm="fp4quant", workload=run)
+    assert m.inter_latency == m.intra_latency == pytest.approx(1.6e-3, rel=1e-9)
+    assert fit["latency_source"] == "in-step collectives of 0.5 of each tensor"
+    assert fit["fitted_latency_s"] == m.inter_latency and fit["in_step_transfer_latency_s"] == 7e-4
+    # the run's full messages predicted with it, not the collectives' own time
+    assert step(run, m, "fp4quant").comm_s == pytest.approx(step(run, truth, "fp4quant").comm_s)
+    assert step(run, m, "fp4quant").comm_s > measured
+    without, _ = validate.machine_from_probe(probe, 30000, comm="fp4quant")  # no workload: the in-step transfers'
+    assert without.inter_latency == 7e-4
 
 
 def test_the_machine_takes_the_codec_the_gapped_steps_timed_where_the_probe_has_it():
