@@ -242,6 +242,19 @@ class InStepCollectives(CollectiveGaps):
     def slept_s(self) -> float:
         return self.call_s - self.transfer_s - self.codec_total_s
 
+    @property
+    def codec_s(self) -> dict[str, dict[str, float]]:
+        """Each direction's seconds in the quantize ops and in the decoding ones
+        (dequantize-reduce and dequantize together: fp4quant.comm times them as one)."""
+        counters = comm.stats()
+        return {d: {"quantize": counters.get(d, {}).get("quantize_s", 0.0),
+                    "decode": counters.get(d, {}).get("dequantize_s", 0.0)} for d in ("fwd", "bwd")}
+
+    @property
+    def codec_calls(self) -> dict[str, int]:
+        counters = comm.stats()
+        return {d: int(counters.get(d, {}).get("calls", 0)) for d in ("fwd", "bwd")}
+
     def _nap(self, direction: str, sent: torch.Tensor | None) -> None:
         if sent is None:
             return
@@ -275,7 +288,8 @@ def rank_step_seconds(model: str, seq_len: int, batch_size: int, tp: int, steps:
     real transfer (CollectiveGaps), each step's {"seconds", "wire_steps"} appended to it;
     ``in_step_collectives`` (needs a process group of ``tp`` ranks; no gaps then): the run's
     own all-reduces of ``collective_fraction`` of each tensor there instead (InStepCollectives),
-    their seconds in the collectives and wire steps appended to ``transfers``."""
+    their seconds in the collectives and wire steps appended to ``transfers``, their codec
+    seconds to ``codec_s`` (each direction's quantize and decode, InStepCollectives.codec_s)."""
     cfg = ModelConfig.preset(model)
     # One rank's shard of the model (built for a TP group of `tp`), then run as if alone:
     # at world 1 the mappings send nothing, so this times exactly a rank's compute.

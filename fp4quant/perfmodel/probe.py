@@ -55,7 +55,11 @@ link     uncompressed all-reduces (BF16) for model.fit_link, at the sizes the ru
          seconds in them (the trainer's communication timer), "collective_wire_steps" and
          "collective_fraction"; perfmodel.validate fits the latency to them (what the model
          uses where a probe has them: the small transfers read 6-17% under the run's
-         exchanges and move 2x between probes)
+         exchanges and move 2x between probes).  For a compressed comm, steps with its
+         all-reduces of whole tensors give the codec as the run's collectives meet it
+         ("collective_codec_values_per_s", what the model uses where a probe has it: the
+         gapped steps' codec, between sleeps, came out 9-25% slower than the runs' at 60
+         Mbit/s; the decoding time, one timer there, split as the gapped steps split it)
 
 Rank 0 writes ``--out`` (JSON): medians, every rank's compute FLOP/s, raw link timings.
 
@@ -213,6 +217,29 @@ def in_step_codec_rates(preset: str, per_rank: list[list[dict]], values: int, wo
     return out
 
 
+def collective_codec_rates(preset: str, per_rank: list[list[dict]], values: int, world: int,
+                           split: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """values/s of each codec op inside the run's own all-reduces of whole tensors in the
+    probe's steps (calibrate.InStepCollectives; ``per_rank``: each rank's steps, each
+    {direction: {"quantize", "decode": seconds, "calls"}}), counted as in_step_codec_rates;
+    the decoding seconds (dequantize-reduce and dequantize, timed as one) split between the two
+    ops as their seconds a call in ``split`` (the gapped steps' in-step rates) divide."""
+    out: dict[str, dict[str, float]] = {}
+    for direction, key in (("fwd", preset), ("bwd", f"{preset}:sr")):
+        records = [s[direction] for steps in per_rank for s in steps if s[direction]["calls"]]
+        if not records or key not in split:
+            continue
+        calls = sum(r["calls"] for r in records)
+        decode = sum(r["decode"] for r in records) / calls  # seconds a call
+        t_reduce = shard_or_values("dequantize_reduce", values, world) / split[key]["dequantize_reduce"]
+        t_dequantize = values / split[key]["dequantize"]
+        share = t_reduce / (t_reduce + t_dequantize)
+        out[key] = {"quantize": values * calls / sum(r["quantize"] for r in records),
+                    "dequantize_reduce": shard_or_values("dequantize_reduce", values, world) / (decode * share),
+                    "dequantize": values / (decode * (1 - share))}
+    return out
+
+
 def _least_per_step(per_rank: list[list[dict]]) -> list[tuple[float, int]]:
     """Per step, (the least over the ranks of its transfers' seconds, its wire steps)."""
     if not per_rank or not per_rank[0]:
@@ -348,7 +375,7 @@ def main(argv=None) -> int:
     gaps = collective_gaps(link, values, world, a.presets)
     dist.barrier()
     step_flops = cfg.flops_per_token(a.seq_len) * a.seq_len * a.batch_size / world
-    gapped, scalar, in_step, transfers, collectives = {}, {}, {}, {}, {}
+    gapped, scalar, in_step, transfers, collectives, collective_codec = {}, {}, {}, {}, {}, {}
     for comm_name, gap in gaps.items():  # the run's compute cut by its all-reduces' waits (and codec)
         scalar[comm_name], in_step[comm_name], transfers[comm_name] = [], [], []
         codec_config = CommConfig.from_preset(comm_name) if QuantConfig.preset(comm_name).compressed and world > 1 else None
@@ -364,6 +391,11 @@ def main(argv=None) -> int:
                               in_step_collectives=CommConfig.from_preset(comm_name),
                               collective_fraction=a.collective_fraction, transfers=collectives[comm_name])
             dist.barrier()
+        if codec_config is not None:  # and of whole tensors, for the codec as the run's collectives meet it
+            collective_codec[comm_name] = []
+            rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps, in_step_collectives=codec_config,
+                              codec_s=collective_codec[comm_name])
+            dist.barrier()
     hot, codec = {}, {}
     if earlier is None:  # the codec in loops and in all-reduces: a full probe's only
         hot = codec_rates(values, world, a.presets)
@@ -371,7 +403,7 @@ def main(argv=None) -> int:
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"gapped_s": gapped, "scalar_s": scalar, "continuous": continuous, "codec": codec, "hot": hot,
                                       "in_step": in_step, "transfers": transfers, "collectives": collectives,
-                                      "load": os.getloadavg()[0]})
+                                      "collective_codec": collective_codec, "load": os.getloadavg()[0]})
     exact = exact_allreduce_s() if earlier is None else None
     if rank == 0:
         # the step waits for its slowest rank: the smallest codec rates
@@ -389,6 +421,9 @@ def main(argv=None) -> int:
             rates = in_step_codec_rates(c, [g["in_step"][c] for g in gathered], values, world)
             if rates:
                 entry["codec_values_per_s"] = rates
+                if c in collective_codec:
+                    entry["collective_codec_values_per_s"] = collective_codec_rates(
+                        c, [g["collective_codec"][c] for g in gathered], values, world, rates)
                 entry["codec_values_per_s_by_rank"] = [in_step_codec_rates(c, [g["in_step"][c]], values, world)
                                                        for g in gathered]
             latency = in_step_latency([g["transfers"][c] for g in gathered])

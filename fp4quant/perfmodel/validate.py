@@ -23,8 +23,9 @@ and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone
 bracketing probes after the runs, its per-step inputs averaged over them: see bracketed): FLOP/s
 of a rank while all compute, cut by idle gaps where the run's all-reduces are, as long as
 they take under the run's comm (the probe's compute_by_comm); the codec at the all-reduce's
-shapes and rounding, timed inside those steps where the run runs it (older probes: inside
-real compressed all-reduces); the link fitted to its all-reduces (model.fit_link: the slope of the
+shapes and rounding, timed inside the run's own all-reduces in the probe's steps (older
+probes: inside those steps where the run runs it, between idle gaps, or inside real
+compressed all-reduces in a loop); the link fitted to its all-reduces (model.fit_link: the slope of the
 medians) with the token bucket's depth from the record, and its latency per wire step the one at which the model
 gives the time of the probe's in-step collectives (the run's own all-reduces of part of each
 tensor, inside its steps: latency_for_comm; older probes: as the probe's in-step small
@@ -163,8 +164,10 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
     # the latency as the run's own primitives met it after compute, where the probe timed that
     source = "in-step transfers" if "wire_step_latency_s" in compute else "link fit"
     alpha = compute.get("wire_step_latency_s", alpha)
-    # the codec as the gapped steps timed it (in place, where the run runs it), else in loops
-    table = compute.get("codec_values_per_s") or probe["codec_values_per_s"]
+    # the codec inside the run's own all-reduces in the probe's steps, else as the gapped steps
+    # timed it (in place, where the run runs it), else in loops
+    table = (compute.get("collective_codec_values_per_s") or compute.get("codec_values_per_s")
+             or probe["codec_values_per_s"])
     codec = {k: {op: v / codec_stretch for op, v in ops.items()} for k, ops in table.items()}
     m = Machine(name="emulated cluster (probed)", rank_flops=compute["rank_flops"], inter_bw=bw, inter_latency=alpha,
                 intra_bw=bw, intra_latency=alpha, ranks_per_node=1, codec_values_per_s=codec,
@@ -198,7 +201,7 @@ def _merge_compute(entries: list[dict]) -> dict:
             merged[key] = _harmonic(values)
         elif key == "step_s":
             merged[key] = [sum(ranks, []) for ranks in zip(*values)]
-        elif key == "codec_values_per_s":
+        elif key in ("codec_values_per_s", "collective_codec_values_per_s"):
             merged[key] = {k: {op: _harmonic([v[k][op] for v in values]) for op in values[0][k]}
                            for k in set.intersection(*(set(v) for v in values))}
         elif all(isinstance(v, (int, float)) for v in values):

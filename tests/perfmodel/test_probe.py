@@ -80,6 +80,11 @@ def test_probe_two_ranks_time_the_latency_with_each_comms_own_transfers(tmp_path
         assert c["collective_gap_s"] == p["compute_by_comm"][name]["collective_gap_s"] and len(c["step_s"][0]) == 2
     assert "codec_values_per_s" in b["compute_by_comm"]["fp4quant"] and b["world"] == 2
     assert all(c["collective_wire_steps"] == 36 for c in b["compute_by_comm"].values())
+    for probed in (p, b):  # the codec inside the run's own all-reduces of whole tensors: compressed comms only
+        assert set(probed["compute_by_comm"]["fp4quant"]["collective_codec_values_per_s"]) == {"fp4quant", "fp4quant:sr"}
+        assert all(v > 0 for r in probed["compute_by_comm"]["fp4quant"]["collective_codec_values_per_s"].values()
+                   for v in r.values())
+        assert "collective_codec_values_per_s" not in probed["compute_by_comm"]["bf16"]
 
 
 def test_a_bracketing_probe_refuses_a_probe_of_another_shape_in_one_line(tmp_path):
@@ -169,6 +174,17 @@ def test_in_step_codec_rates_are_the_mean_seconds_a_call_over_ranks_and_steps():
     # 12 calls in 2 x 3 + 2 x 6 = 18 ms of quantize: 1.5 ms a call; the reduce counts the shard
     assert rates["fp4quant"] == pytest.approx({"quantize": 4096 / 1.5e-3, "dequantize_reduce": 1024 / 3e-3,
                                                "dequantize": 4096 / 6e-3})
+
+
+def test_collective_codec_rates_split_the_decoding_as_the_gapped_steps_do():
+    values, world = 1000, 2
+    split = {"fp4quant": {"quantize": 1e9, "dequantize_reduce": 500 / 1e-6, "dequantize": 1000 / 3e-6}}
+    steps = [{"fwd": {"quantize": 4e-6, "decode": 8e-6, "calls": 2}, "bwd": {"quantize": 0.0, "decode": 0.0, "calls": 0}}]
+    rates = probe.collective_codec_rates("fp4quant", [steps, steps], values, world, split)
+    assert set(rates) == {"fp4quant"}  # no backward calls: no stochastic rates
+    # 4 us a call of decoding, split 1:3 as the gapped steps' 1 and 3 us a call
+    assert rates["fp4quant"] == pytest.approx({"quantize": 1000 / 2e-6, "dequantize_reduce": 500 / 1e-6,
+                                               "dequantize": 1000 / 3e-6})
 
 
 def test_in_step_latency_is_the_least_rank_per_step_over_the_wire_steps():

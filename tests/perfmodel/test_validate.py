@@ -236,6 +236,11 @@ def test_the_machine_takes_the_codec_the_gapped_steps_timed_where_the_probe_has_
     assert m.codec_values_per_s == {k: {op: v / 2 for op, v in ops.items()} for k, ops in in_step.items()}
     bf16, _ = validate.machine_from_probe(probe, 131072, comm="bf16")  # none in BF16's steps: the all-reduces'
     assert bf16.codec_values_per_s == PROBE["codec_values_per_s"]
+    # the codec inside the run's own all-reduces in the probe's steps comes first
+    inside = {k: {op: 2 * v for op, v in ops.items()} for k, ops in in_step.items()}
+    by_comm["fp4quant"]["collective_codec_values_per_s"] = inside
+    m, _ = validate.machine_from_probe({**PROBE, "compute_by_comm": by_comm}, 131072, comm="fp4quant")
+    assert m.codec_values_per_s == inside
 
 
 def test_a_comm_the_probe_did_not_time_takes_bf16s_compute_and_an_empty_summary_keeps_its_columns():
