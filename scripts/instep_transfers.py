@@ -13,7 +13,13 @@ shards): the second kind is the run's communication with a stand-in for its arit
     python scripts/instep_transfers.py summarize OUT/transfers_*.csv [--run RATE:COMM:RUN_DIR ...] \
         --out OUT/summary.csv
 
-Rows: rate_mbit, alternation, comm, kind (small_after_gap, message), step, wire_steps,
+Two more kinds since 150045e: ``message_no_sleep``, the ``message`` steps with the gaps'
+sleeps of a microsecond (about 60 us each on this kernel, outside the transfers' timer)
+skipped, and ``collective``, the trainer's own all-reduce of each whole tensor in those steps
+(calibrate.InStepCollectives: its seconds in the collectives, as the trainer's timer).
+
+Rows: rate_mbit, alternation, comm, kind (small_after_gap, message, message_no_sleep,
+collective), step, wire_steps,
 seconds (the least over the ranks, as the trainer counts a step's communication),
 seconds_per_wire_step.  ``summarize`` gives per (rate, comm, kind) the median of the steps'
 seconds a wire step and its min-max over all steps and over the alternations' medians, and
@@ -32,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fp4quant.cluster.calibrate import rank_step_seconds
+from fp4quant.cluster.calibrate import CollectiveGaps, rank_step_seconds
 from fp4quant.comm.plan import shard_values
 from fp4quant.format import QuantConfig
 from fp4quant.format.packed import layout
@@ -79,12 +85,24 @@ def measure(argv) -> int:
             codec = CommConfig.from_preset(comm) if QuantConfig.preset(comm).compressed else None
             # a gap of a microsecond: the hooks run, and the transfer itself is the wait
             for kind, gap, nbytes in (("small_after_gap", gaps[comm], LATENCY_MESSAGE_BYTES),
-                                      ("message", 1e-6, message_bytes(comm, values, world))):
+                                      ("message", 1e-6, message_bytes(comm, values, world)),
+                                      ("message_no_sleep", 1e-6, message_bytes(comm, values, world)),
+                                      ("collective", 0.0, message_bytes(comm, values, world))):
                 transfers: list[dict] = []
                 dist.barrier()
-                rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps, collective_gap_s=gap,
-                                  codec=codec, codec_s=[] if codec else None, latency_bytes=nbytes,
-                                  transfers=transfers)
+                if kind == "collective":  # the trainer's own all-reduce of each whole tensor
+                    rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps,
+                                      in_step_collectives=CommConfig.from_preset(comm), transfers=transfers)
+                else:  # message_no_sleep: "message" with CollectiveGaps's sleeps (about 60 us each) skipped
+                    sleep = CollectiveGaps._sleep
+                    if kind == "message_no_sleep":
+                        CollectiveGaps._sleep = lambda self, seconds: None
+                    try:
+                        rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps, collective_gap_s=gap,
+                                          codec=codec, codec_s=[] if codec else None, latency_bytes=nbytes,
+                                          transfers=transfers)
+                    finally:
+                        CollectiveGaps._sleep = sleep
                 seconds = torch.tensor([t["seconds"] for t in transfers], dtype=torch.float64)
                 dist.all_reduce(seconds, op=dist.ReduceOp.MIN)
                 for i, (s, t) in enumerate(zip(seconds.tolist(), transfers)):
