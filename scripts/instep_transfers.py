@@ -14,7 +14,7 @@ shards): the second kind is the run's communication with a stand-in for its arit
         --out OUT/summary.csv
 
 Two more kinds since 150045e: ``message_no_sleep``, the ``message`` steps with the gaps'
-sleeps of a microsecond (about 60 us each on this kernel, outside the transfers' timer)
+sleeps of half a microsecond (about 70 us each on this VM, outside the transfers' timer)
 skipped, and ``collective``, the trainer's own all-reduce of each whole tensor in those steps
 (calibrate.InStepCollectives: its seconds in the collectives, as the trainer's timer).
 
@@ -93,7 +93,7 @@ def measure(argv) -> int:
                 if kind == "collective":  # the trainer's own all-reduce of each whole tensor
                     rank_step_seconds(a.model, a.seq_len, a.batch_size, world, a.steps,
                                       in_step_collectives=CommConfig.from_preset(comm), transfers=transfers)
-                else:  # message_no_sleep: "message" with CollectiveGaps's sleeps (about 60 us each) skipped
+                else:  # message_no_sleep: "message" with CollectiveGaps's sleeps (about 70 us each) skipped
                     sleep = CollectiveGaps._sleep
                     if kind == "message_no_sleep":
                         CollectiveGaps._sleep = lambda self, seconds: None
