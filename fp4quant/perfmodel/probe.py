@@ -191,12 +191,18 @@ def in_collective_rates(values: int, world: int, presets: list[str], hot: dict[s
             dequant.append(st["dequantize_s"])
         q, dq = statistics.fmean(quant), statistics.fmean(dequant)  # means, as the trainer's records
         # the hot loop's ratio of the two decoding ops splits the measured decoding time
-        t_dqr = shard_or_values("dequantize_reduce", values, world) / rates["dequantize_reduce"]  # seconds a call, hot
-        t_dq = values / rates["dequantize"]
-        out[key] = {"quantize": values / q,
-                    "dequantize_reduce": shard_or_values("dequantize_reduce", values, world) / (dq * t_dqr / (t_dqr + t_dq)),
-                    "dequantize": values / (dq * t_dq / (t_dqr + t_dq))}
+        out[key] = {"quantize": values / q, **split_decoding(dq, rates, values, world)}
     return out
+
+
+def split_decoding(decode_s: float, rates: dict[str, float], values: int, world: int) -> dict[str, float]:
+    """values/s of dequantize-reduce and dequantize (counted as codec_rates counts them) from
+    ``decode_s``, the seconds a call of both together (fp4quant.comm times them as one), split
+    as their seconds a call at ``rates`` divide."""
+    shard = shard_or_values("dequantize_reduce", values, world)
+    t_reduce, t_dequantize = shard / rates["dequantize_reduce"], values / rates["dequantize"]
+    share = t_reduce / (t_reduce + t_dequantize)
+    return {"dequantize_reduce": shard / (decode_s * share), "dequantize": values / (decode_s * (1 - share))}
 
 
 def in_step_codec_rates(preset: str, per_rank: list[list[dict]], values: int, world: int) -> dict[str, dict[str, float]]:
@@ -231,12 +237,8 @@ def collective_codec_rates(preset: str, per_rank: list[list[dict]], values: int,
             continue
         calls = sum(r["calls"] for r in records)
         decode = sum(r["decode"] for r in records) / calls  # seconds a call
-        t_reduce = shard_or_values("dequantize_reduce", values, world) / split[key]["dequantize_reduce"]
-        t_dequantize = values / split[key]["dequantize"]
-        share = t_reduce / (t_reduce + t_dequantize)
         out[key] = {"quantize": values * calls / sum(r["quantize"] for r in records),
-                    "dequantize_reduce": shard_or_values("dequantize_reduce", values, world) / (decode * share),
-                    "dequantize": values / (decode * (1 - share))}
+                    **split_decoding(decode, split[key], values, world)}
     return out
 
 
