@@ -1,10 +1,12 @@
 """The step model checked part by part against training runs on the emulated cluster.
 
     python -m fp4quant.perfmodel.validate --out model_validation.csv \
-        --case PROBE.json RUN_DIR [RUN_DIR ...] [--case PROBE.json RUN_DIR ...]
+        --case PROBE.json [AFTER.json ...] [latency:RUN_DIR ...] RUN_DIR [RUN_DIR ...] [--case ...]
 
 Each case is one link (a probe measured on it, fp4quant.perfmodel.probe, and the runs on
-it, each with the cluster record ``cluster.json`` the workflow writes beside its log).
+it, each with the cluster record ``cluster.json`` the workflow writes beside its log; and,
+named ``latency:RUN_DIR``, a latency run per comm: a short run of the trainer on the same
+link with fewer tokens a step, so other bytes, than the runs it helps predict).
 For each run, over its steady steps (the first ``--skip`` fraction dropped: start-up,
 the first step's cross-rank validation), the trainer's own timers give
 
@@ -27,12 +29,18 @@ shapes and rounding, timed inside the run's own all-reduces in the probe's steps
 probes: inside those steps where the run runs it, between idle gaps, or inside real
 compressed all-reduces in a loop); the link fitted to its all-reduces (model.fit_link: the slope of the
 medians) with the token bucket's depth from the record, and its latency per wire step the one at which the model
-gives the time of the probe's in-step collectives (the run's own all-reduces of part of each
-tensor, inside its steps: latency_for_comm; older probes: as the probe's in-step small
-transfers met it under the run's comm, or the smallest message's mean over the probe's many,
-where it rides on the burst); the scalar all-reduces as the probe timed them inside its steps; the ranks'
+gives the communication of the case's latency run under the run's comm (latency_for_comm:
+the trainer's own collectives on the same link, with half the tokens a step in the workflow;
+cases without latency runs: the probe's in-step collectives, the run's own all-reduces of
+part of each tensor inside its steps; older probes: as the probe's in-step small transfers
+met it under the run's comm, or the smallest message's mean over the probe's many, where it
+rides on the burst); the scalar all-reduces as the probe timed them inside its steps; the ranks'
 skew (a rank's wait for a slower one: the wait row, or inside communication for older logs).
-Nothing is fitted to the training runs.  Rows: config,
+Nothing is fitted to the runs validated.  Why latency runs: on the 2-core VM the probe's
+in-step collectives met the link 0.25-0.6 ms a wire step more slowly than the trainer's
+runs, by an amount that moved from batch to batch of probes (reference/README.md), while
+the trainer's own collectives with half the tokens match its runs' per wire step where the
+messages ride on the link's burst.  Rows: config,
 comm, component (compute, quantize, dequantize, codec, communication, wait, scalar, total),
 measured_s (mean over the steady steps) and its SD, predicted_s, rel_error
 (predicted / measured - 1); on the communication row, measured_link_s: the mean of the
@@ -49,13 +57,14 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..models.config import ModelConfig
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
 from .model import Machine, Workload, fit_link, step
 
+LATENCY_PREFIX = "latency:"  # a --case argument naming a latency run (LatencyRun), not a run to validate
 COMPONENTS = ("compute", "quantize", "dequantize", "codec", "communication", "wait", "scalar", "total")
 # keys under which an emulation that stretches the codec (sleeps in proportion) records its factor
 CODEC_STRETCH_KEYS = ("codec_stretch", "codec_dilation")
@@ -128,6 +137,32 @@ def link_seconds(records: list[dict]) -> list[float] | None:
     return [r["fwd_comm_link_s"] + r["bwd_comm_link_s"] for r in records]
 
 
+@dataclass(frozen=True)
+class LatencyRun:
+    """A short run of the trainer on a case's link under one comm, with other bytes a step
+    than the runs it helps predict (fewer tokens): the model's latency per wire step is the
+    one at which it gives this run's communication (machine_from_probe)."""
+
+    run: Path
+    comm: str
+    workload: Workload
+    link_rate_mbit: float | None
+    comm_s: float  # its communication a step: the mean over its steady steps (module doc)
+
+
+def _workload(summary: dict) -> Workload:
+    cfg = summary["provenance"]["config"]
+    return Workload(ModelConfig(**summary["model"]), summary["mesh"]["tp"], cfg["seq_len"], cfg["batch_size"],
+                    summary["mesh"]["dp"])
+
+
+def read_latency_run(run: Path, skip: float) -> LatencyRun:
+    summary = json.loads((run / "summary.json").read_text())
+    communication = measured_components(steady(read_log(run), skip))["communication"]
+    return LatencyRun(run, summary["provenance"]["config"]["comm"], _workload(summary),
+                      _record(run).get("link_rate_mbit"), statistics.fmean(communication))
+
+
 def latency_for_comm(w: Workload, m: Machine, comm: str, comm_s: float, most_s: float = 1.0) -> float:
     """The least latency per wire step at which the model's communication of ``w`` on ``m``
     under ``comm`` lasts ``comm_s`` a step (0 where the bytes alone take that long).  The
@@ -149,11 +184,14 @@ def latency_for_comm(w: Workload, m: Machine, comm: str, comm_s: float, most_s: 
 
 
 def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1.0,
-                       comm: str | None = None, workload: Workload | None = None) -> tuple[Machine, dict]:
+                       comm: str | None = None, workload: Workload | None = None,
+                       latency_run: LatencyRun | None = None) -> tuple[Machine, dict]:
     """The emulated machine as the probe measured it (see fp4quant.perfmodel.probe), its
-    compute as the probe timed it under ``comm``'s waits where the probe has that; with
-    ``workload`` (the run's) and the probe's in-step collectives of ``comm``, the latency
-    at which the model gives their time (latency_for_comm, at their share of each tensor)."""
+    compute as the probe timed it under ``comm``'s waits where the probe has that; its
+    latency per wire step the one at which the model gives the communication of
+    ``latency_run`` (a run of the trainer under ``comm`` with other bytes: latency_for_comm),
+    else, with ``workload`` (the run's) and the probe's in-step collectives of ``comm``, of
+    those (at their share of each tensor)."""
     link = sorted(probe["link"], key=lambda r: r["size_bytes"])
     by_comm = probe.get("compute_by_comm", {})
     compute = by_comm.get(comm) or by_comm.get("bf16") or probe  # a comm it did not time: BF16's waits
@@ -176,7 +214,16 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
                 skew_s=compute.get("skew_s", 0.0))
     fit = {"fitted_latency_s": alpha, "latency_source": source, "fitted_bandwidth_Bps": bw,
            "burst_bytes": burst_bytes, "codec_stretch": codec_stretch}
-    if workload is not None and comm is not None and "collective_comm_s" in compute:
+    if latency_run is not None:
+        if comm is None or latency_run.comm != comm:
+            raise ValueError(f"{latency_run.run}: a latency run under {latency_run.comm} cannot give the latency "
+                             f"of {comm}")
+        alpha = latency_for_comm(latency_run.workload, m, comm, latency_run.comm_s)
+        fit.update(probed_latency_s=fit["fitted_latency_s"], fitted_latency_s=alpha,
+                   latency_source=f"the trainer's collectives in a run of {latency_run.workload.tokens} tokens a step",
+                   latency_run=str(latency_run.run), latency_run_comm_s=latency_run.comm_s)
+        m = replace(m, inter_latency=alpha, intra_latency=alpha)
+    elif workload is not None and comm is not None and "collective_comm_s" in compute:
         fraction = compute["collective_fraction"]
         alpha = latency_for_comm(replace(workload, message_fraction=fraction), m, comm, compute["collective_comm_s"])
         m = replace(m, inter_latency=alpha, intra_latency=alpha)
@@ -258,11 +305,37 @@ def _record(run: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float) -> tuple[list[dict], dict]:
+def _latency_run_for(latency: dict[str, LatencyRun], run: Path, comm: str, w: Workload,
+                     rate: float | None) -> LatencyRun | None:
+    """The case's latency run under ``comm`` (None in a case without latency runs), checked
+    against the run it helps predict."""
+    if not latency:
+        return None
+    lr = latency.get(comm)
+    if lr is None:
+        raise ValueError(f"{run}: its case has latency runs under {', '.join(sorted(latency))} but none under {comm}")
+    if lr.workload.tokens == w.tokens:
+        raise ValueError(f"{lr.run}: its {w.tokens} tokens a step are {run}'s: a latency fitted to it would echo "
+                         f"the run, not predict it (give the latency run another batch size or sequence length)")
+    if lr.link_rate_mbit != rate:
+        raise ValueError(f"{lr.run}: ran on a {lr.link_rate_mbit} Mbit/s link, {run} on {rate} Mbit/s")
+    return lr
+
+
+def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float,
+              latency_runs: list[Path] = ()) -> tuple[list[dict], dict]:
     """Rows of the runs on one link; ``probe_path``: its probe, or its probe and the
-    bracketing probes after the runs (see bracketed)."""
+    bracketing probes after the runs (see bracketed); ``latency_runs``: one LatencyRun per
+    comm of the runs (their latency then comes from it)."""
     paths = probe_path if isinstance(probe_path, list) else [probe_path]
     probe = bracketed([json.loads(p.read_text()) for p in paths], [str(p) for p in paths])
+    latency: dict[str, LatencyRun] = {}
+    for path in latency_runs:
+        lr = read_latency_run(path, skip)
+        if lr.comm in latency:
+            raise ValueError(f"{path}: a second latency run under {lr.comm} in one case (the first: "
+                             f"{latency[lr.comm].run})")
+        latency[lr.comm] = lr
     rows, fits = [], {}
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
@@ -270,10 +343,11 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float) -> t
         record = _record(run)
         cal = record.get("calibration") or {}
         stretch = next((float(src[k]) for src in (record, cal) for k in CODEC_STRETCH_KEYS if k in src), 1.0)
-        w = Workload(ModelConfig(**summary["model"]), summary["mesh"]["tp"], cfg["seq_len"], cfg["batch_size"],
-                     summary["mesh"]["dp"])
-        machine, fit = machine_from_probe(probe, float(record.get("link_burst_bytes", 0)), stretch, cfg["comm"], w)
+        w = _workload(summary)
         rate = record.get("link_rate_mbit")
+        latency_run = _latency_run_for(latency, run, cfg["comm"], w, rate)
+        machine, fit = machine_from_probe(probe, float(record.get("link_burst_bytes", 0)), stretch, cfg["comm"], w,
+                                          latency_run)
         if not rate:
             name = f"{cfg['comm']} ({run.name})"
         elif record.get("emulated", True):
@@ -300,6 +374,7 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float) -> t
                 "predicted_s": pred, "rel_error": pred / mean - 1 if mean > 0 else ("" if pred == 0 else float("inf")),
                 "steps": len(values), "run": str(run), "probe": " ".join(str(p) for p in paths),
                 "probe_load_1min": probe.get("load_average_1min", ""),
+                "latency_run": str(latency_run.run) if latency_run else "",
                 "measured_link_s": statistics.fmean(link) if link and comp == "communication" else "",
             })
     return rows, fits
@@ -308,9 +383,12 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float) -> t
 def probes_said(df) -> str:
     """How the rows' predictions were probed, in words (for captions)."""
     probes = df["probe"].astype(str) if "probe" in df else []
-    if len(probes) and all(" " in p for p in probes):
-        return "probes of the same links and ranks before and after the runs (their mean)"
-    return "a probe of the same links and ranks"
+    said = ("probes of the same links and ranks before and after the runs (their mean)"
+            if len(probes) and all(" " in p for p in probes) else "a probe of the same links and ranks")
+    latency = df["latency_run"].fillna("").astype(str) if "latency_run" in df else []
+    if len(latency) and all(latency):
+        said += ", the latency from the trainer's runs on each link with fewer tokens a step"
+    return said
 
 
 def summary(df):
@@ -337,8 +415,8 @@ def summary(df):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", nargs="+", action="append", required=True, metavar="PROBE_JSON RUN_DIR",
-                    help="a probe, any bracketing probes after the runs (.json), and the runs on its link "
-                         "(repeat per link)")
+                    help="a probe, any bracketing probes after the runs (.json), and the runs on its link, "
+                         f"with {LATENCY_PREFIX}RUN_DIR for each comm's latency run if any (repeat per link)")
     ap.add_argument("--skip", type=float, default=0.2, help="fraction of each run's first steps dropped")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
@@ -346,9 +424,11 @@ def main(argv=None) -> int:
     try:
         for case in a.case:
             n = next((i for i, arg in enumerate(case) if not arg.endswith(".json")), len(case))
-            if n == 0 or n == len(case) or any(arg.endswith(".json") for arg in case[n:]):
+            latency = [Path(arg[len(LATENCY_PREFIX):]) for arg in case[n:] if arg.startswith(LATENCY_PREFIX)]
+            runs = [Path(arg) for arg in case[n:] if not arg.startswith(LATENCY_PREFIX)]
+            if n == 0 or not runs or any(arg.endswith(".json") for arg in case[n:]):
                 raise ValueError(f"--case needs its probe JSONs, then at least one run directory, got {case}")
-            r, f = case_rows([Path(p) for p in case[:n]], [Path(p) for p in case[n:]], a.skip)
+            r, f = case_rows([Path(p) for p in case[:n]], runs, a.skip, latency)
             rows += r
             for name, fit in f.items():  # each repeat's fit, in the order of the cases
                 fits.setdefault(name, []).append(fit)

@@ -37,12 +37,13 @@ def step_record(i: int, split: bool = True, scalar: float | None = None, least: 
     return r
 
 
-def make_run(path, comm="fp4quant", steps=10, split=True, rate=60.0, emulated=True, scalar=None, least=False):
+def make_run(path, comm="fp4quant", steps=10, split=True, rate=60.0, emulated=True, scalar=None, least=False,
+             batch_size=2):
     path.mkdir(parents=True)
     (path / "log.jsonl").write_text("".join(json.dumps(step_record(i, split, scalar, least)) + "\n" for i in range(steps)))
     (path / "summary.json").write_text(json.dumps({
         "model": MODEL.to_dict(), "mesh": {"tp": 2, "dp": 1},
-        "provenance": {"config": {"comm": comm, "seq_len": 128, "batch_size": 2}}}))
+        "provenance": {"config": {"comm": comm, "seq_len": 128, "batch_size": batch_size}}}))
     (path / "cluster.json").write_text(json.dumps({"link_rate_mbit": rate, "link_burst_bytes": 131072,
                                                    "emulated": emulated}))
     return path
@@ -308,3 +309,61 @@ def test_captions_say_whether_the_predictions_were_bracketed():
     assert validate.probes_said(one) == "a probe of the same links and ranks"
     assert "before and after the runs" in validate.probes_said(two)
     assert validate.probes_said(pd.DataFrame({"config": []})) == "a probe of the same links and ranks"
+    latency = two.assign(latency_run=["a/latency/bf16", "b/latency/fp4quant"])
+    assert "fewer tokens a step" in validate.probes_said(latency)
+    assert "fewer tokens" not in validate.probes_said(latency.assign(latency_run=["a/latency/bf16", None]))
+
+
+def test_a_latency_run_gives_the_latency_the_runs_are_predicted_with(tmp_path):
+    # a link fast enough that latency is part of both comms' time
+    probe = {**PROBE, "link": [{**r, "latency_s": 1e-3 + r["size_bytes"] / 5e7} for r in PROBE["link"]]}
+    (tmp_path / "probe.json").write_text(json.dumps(probe))
+    runs = [make_run(tmp_path / c, comm=c, scalar=0.01, least=True) for c in ("bf16", "fp4quant")]
+    latency = [make_run(tmp_path / "latency" / c, comm=c, scalar=0.01, least=True, batch_size=1)
+               for c in ("fp4quant", "bf16")]
+    rows, fits = validate.case_rows(tmp_path / "probe.json", runs, skip=0.2, latency_runs=latency)
+    plain, _ = validate.machine_from_probe(probe, 131072)
+    half = Workload(MODEL, 2, 128, 1)
+    measured = 0.020 - 0.005 + 0.030 - 0.010  # the synthetic log's least over the ranks, both directions
+    for comm in ("bf16", "fp4quant"):
+        fit = fits[f"{comm} @ 60 Mbit/s"]
+        alpha = validate.latency_for_comm(half, plain, comm, measured)
+        assert alpha > 0 and fit["fitted_latency_s"] == pytest.approx(alpha)
+        assert fit["latency_run"] == str(tmp_path / "latency" / comm) and "128 tokens" in fit["latency_source"]
+        fitted = replace(plain, inter_latency=alpha, intra_latency=alpha)
+        assert step(half, fitted, comm).comm_s == pytest.approx(measured)  # the latency run, reproduced
+        got = {r["component"]: r for r in rows if r["comm"] == comm}
+        assert got["communication"]["predicted_s"] == pytest.approx(step(Workload(MODEL, 2, 128, 2), fitted,
+                                                                         comm).exposed_comm_s)
+    # without latency runs the probe's latency: another prediction
+    plain_rows, _ = validate.case_rows(tmp_path / "probe.json", runs, skip=0.2)
+    comm_of = lambda rs: [r["predicted_s"] for r in rs if r["component"] == "communication"]  # noqa: E731
+    assert comm_of(plain_rows) != pytest.approx(comm_of(rows))
+
+
+def test_latency_runs_that_would_echo_or_not_match_their_case_are_refused(tmp_path, capsys):
+    (tmp_path / "probe.json").write_text(json.dumps(PROBE))
+    run = make_run(tmp_path / "fp4quant", least=True)
+    same = make_run(tmp_path / "same", least=True)  # the run's own tokens a step
+    with pytest.raises(ValueError, match="echo"):
+        validate.case_rows(tmp_path / "probe.json", [run], 0.2, [same])
+    other_rate = make_run(tmp_path / "rate120", least=True, batch_size=1, rate=120.0)
+    with pytest.raises(ValueError, match="120.0 Mbit/s link"):
+        validate.case_rows(tmp_path / "probe.json", [run], 0.2, [other_rate])
+    bf16 = make_run(tmp_path / "bf16", comm="bf16", least=True, batch_size=1)
+    with pytest.raises(ValueError, match="none under fp4quant"):
+        validate.case_rows(tmp_path / "probe.json", [run], 0.2, [bf16])
+    half = make_run(tmp_path / "half", least=True, batch_size=1)
+    again = make_run(tmp_path / "again", least=True, batch_size=1)
+    with pytest.raises(ValueError, match="a second latency run under fp4quant"):
+        validate.case_rows(tmp_path / "probe.json", [run], 0.2, [half, again])
+    out = tmp_path / "v.csv"
+    case = ["--case", str(tmp_path / "probe.json"), f"latency:{half}", str(run)]
+    assert validate.main([*case, "--out", str(out)]) == 0
+    fits = json.loads((tmp_path / "v.csv.meta.json").read_text())["fits"]
+    assert fits["fp4quant @ 60 Mbit/s"][0]["latency_run"] == str(half)
+    assert set(pd.read_csv(out).run) == {str(run)}  # the latency run is not validated
+    capsys.readouterr()
+    assert validate.main(["--case", str(tmp_path / "probe.json"), f"latency:{half}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "at least one run directory" in err[0]

@@ -3,7 +3,11 @@
 # training runs on that link and a bracketing probe (--gaps-from: the probe's gapped steps
 # again, so that the model's per-step inputs are the mean of before and after the runs), back
 # to back, then measured vs predicted compute, codec, communication and total per
-# configuration -> results/model_validation.csv.  With
+# configuration -> results/model_validation.csv.  Before each comm's run, its latency run:
+# the trainer on the same link with cluster.validation.latency_batch_size sequences a step
+# (other bytes than the run), whose communication gives the model's latency per wire step
+# (fp4quant.perfmodel.validate: the probe's own collectives met the link more slowly than the
+# trainer's, by an amount that moved from probe to probe).  With
 # cluster.validation.repeats > 1 every link's probe and runs are repeated (repeat<k>/), each
 # repeat a row of its own: the spread of the errors is the machine's drift between a probe
 # and the runs it predicts.
@@ -13,14 +17,19 @@ VRATES = [f"{r:g}" for r in VALIDATION.get("rates_mbit", [30, 60, 120])]
 VCOMMS = VALIDATION.get("comms", ["bf16", "fp4quant"])
 VREPEATS = list(range(1, int(VALIDATION.get("repeats", 1)) + 1))
 VDIR = f"{OUT}/cluster/validation"
+VLATENCY_BATCH = int(VALIDATION.get("latency_batch_size", 1))
+if VLATENCY_BATCH == int(TRAIN["batch_size"]):
+    raise ValueError(f"cluster.validation.latency_batch_size ({VLATENCY_BATCH}) must differ from train.batch_size: "
+                     f"a latency run with the runs' own bytes would echo them, not predict them")
 
 
-def validation_train(repeat, rate, comm):
-    run = f"{VDIR}/repeat{repeat}/rate{rate}/{comm}"
+def validation_train(repeat, rate, comm, latency=False):
+    run = f"{VDIR}/repeat{repeat}/rate{rate}/" + (f"latency/{comm}" if latency else comm)
+    batch = VLATENCY_BATCH if latency else TRAIN["batch_size"]
     return (f"rm -rf {run} && {PY} -m fp4quant.cluster run --rate-mbit {rate} --nodes {NODES}"
             f" --nproc-per-node {TRAIN['tp'] // NODES} --record {run}/cluster.json -- -m fp4quant.train"
             f" --model {TRAIN['model']} --tp {TRAIN['tp']} --comm {comm} --steps {VALIDATION.get('steps', 30)}"
-            f" --seq-len {TRAIN['seq_len']} --batch-size {TRAIN['batch_size']} --data {OUT}/tokens --eval-batches 0"
+            f" --seq-len {TRAIN['seq_len']} --batch-size {batch} --data {OUT}/tokens --eval-batches 0"
             f" --checkpoint-every 1000000 --device cpu --out {run}")
 
 
@@ -40,10 +49,12 @@ rule validation_rate:
         record=f"{VDIR}/repeat{{repeat}}/rate{{rate}}/probe.cluster.json",
         after=f"{VDIR}/repeat{{repeat}}/rate{{rate}}/probe_after.json",
         runs=[f"{VDIR}/repeat{{repeat}}/rate{{rate}}/{c}/summary.json" for c in VCOMMS],
+        latency=[f"{VDIR}/repeat{{repeat}}/rate{{rate}}/latency/{c}/summary.json" for c in VCOMMS],
     log:
         f"{OUT}/logs/validation_{{repeat}}_{{rate}}.log",
     params:
-        runs=lambda wc: " && ".join(validation_train(wc.repeat, wc.rate, c) for c in VCOMMS),
+        runs=lambda wc: " && ".join(validation_train(wc.repeat, wc.rate, c, latency) for c in VCOMMS
+                                    for latency in (True, False)),
         probe=lambda wc, output: validation_probe(wc.rate, f"--record {output.record}", f"--out {output.probe}"),
         after=lambda wc, output: validation_probe(wc.rate, "", f"--gaps-from {output.probe} --out {output.after}"),
     threads: workflow.cores
@@ -57,12 +68,15 @@ rule model_validation:
                       when=["", "_after"]),
         runs=expand(f"{VDIR}/repeat{{repeat}}/rate{{rate}}/{{comm}}/summary.json", repeat=VREPEATS, rate=VRATES,
                     comm=VCOMMS),
+        latency=expand(f"{VDIR}/repeat{{repeat}}/rate{{rate}}/latency/{{comm}}/summary.json", repeat=VREPEATS,
+                       rate=VRATES, comm=VCOMMS),
     output:
         f"{OUT}/results/model_validation.csv",
     log:
         f"{OUT}/logs/model_validation.log",
     params:
         cases=" ".join(f"--case {VDIR}/repeat{k}/rate{r}/probe.json {VDIR}/repeat{k}/rate{r}/probe_after.json "
-                       + " ".join(f"{VDIR}/repeat{k}/rate{r}/{c}" for c in VCOMMS) for k in VREPEATS for r in VRATES),
+                       + " ".join(f"latency:{VDIR}/repeat{k}/rate{r}/latency/{c} {VDIR}/repeat{k}/rate{r}/{c}"
+                                  for c in VCOMMS) for k in VREPEATS for r in VRATES),
     shell:
         "{PY} -m fp4quant.perfmodel.validate {params.cases} --out {output} 2> {log}"
