@@ -150,7 +150,8 @@ class LatencyRun:
     comm_s: float  # its communication a step: the mean over its steady steps (module doc)
 
 
-def _workload(summary: dict) -> Workload:
+def run_workload(summary: dict) -> Workload:
+    """The workload of a training run, from its summary.json."""
     cfg = summary["provenance"]["config"]
     return Workload(ModelConfig(**summary["model"]), summary["mesh"]["tp"], cfg["seq_len"], cfg["batch_size"],
                     summary["mesh"]["dp"])
@@ -159,7 +160,7 @@ def _workload(summary: dict) -> Workload:
 def read_latency_run(run: Path, skip: float) -> LatencyRun:
     summary = json.loads((run / "summary.json").read_text())
     communication = measured_components(steady(read_log(run), skip))["communication"]
-    return LatencyRun(run, summary["provenance"]["config"]["comm"], _workload(summary),
+    return LatencyRun(run, summary["provenance"]["config"]["comm"], run_workload(summary),
                       _record(run).get("link_rate_mbit"), statistics.fmean(communication))
 
 
@@ -343,7 +344,7 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float,
         record = _record(run)
         cal = record.get("calibration") or {}
         stretch = next((float(src[k]) for src in (record, cal) for k in CODEC_STRETCH_KEYS if k in src), 1.0)
-        w = _workload(summary)
+        w = run_workload(summary)
         rate = record.get("link_rate_mbit")
         latency_run = _latency_run_for(latency, run, cfg["comm"], w, rate)
         machine, fit = machine_from_probe(probe, float(record.get("link_burst_bytes", 0)), stretch, cfg["comm"], w,
