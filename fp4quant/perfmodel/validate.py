@@ -38,9 +38,9 @@ rides on the burst); the scalar all-reduces as the probe timed them inside its s
 skew (a rank's wait for a slower one: the wait row, or inside communication for older logs).
 Nothing is fitted to the runs validated.  Why latency runs: on the 2-core VM the probe's
 in-step collectives met the link 0.25-0.6 ms a wire step more slowly than the trainer's
-runs, by an amount that moved from batch to batch of probes (reference/README.md), while
-the trainer's own collectives with half the tokens match its runs' per wire step where the
-messages ride on the link's burst.  Rows: config,
+runs, by an amount that moved from batch to batch of probes (reference/README.md); a
+latency run meets the link as the runs do, and differs from them only in its bytes, which
+the model's link must then account for (README: the step model, part by part).  Rows: config,
 comm, component (compute, quantize, dequantize, codec, communication, wait, scalar, total),
 measured_s (mean over the steady steps) and its SD, predicted_s, rel_error
 (predicted / measured - 1); on the communication row, measured_link_s: the mean of the
