@@ -58,6 +58,15 @@ def test_invalid_configuration_is_rejected(tmp_path):
     assert r.returncode != 0 and "tp" in (r.stdout + r.stderr)
 
 
+def test_a_latency_run_with_the_validation_runs_own_bytes_is_rejected(tmp_path):
+    ci = (REPO / "workflow/config/ci.yaml").read_text()
+    bad = tmp_path / "echo.yaml"
+    bad.write_text(ci.replace("    steps: 8\n", "    steps: 8\n    latency_batch_size: 2\n", 1))  # train.batch_size: 2
+    assert bad.read_text() != ci
+    r = snakemake("-n", "--cores", "1", "--configfile", str(bad), cwd=tmp_path, timeout=120)
+    assert r.returncode != 0 and "latency_batch_size (2) must differ from train.batch_size" in r.stdout + r.stderr
+
+
 def table_rows(tex: Path) -> list[list[str]]:
     body = tex.read_text().split("\\hline")[2]
     return [[c.strip().replace("\\_", "_") for c in line.rstrip("\\ ").split("&")]

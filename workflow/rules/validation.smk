@@ -4,7 +4,7 @@
 # again, so that the model's per-step inputs are the mean of before and after the runs), back
 # to back, then measured vs predicted compute, codec, communication and total per
 # configuration -> results/model_validation.csv.  Before each comm's run, its latency run:
-# the trainer on the same link with cluster.validation.latency_batch_size sequences a step
+# the trainer on the same link with cluster.validation.latency_batch_size sequences a step (unset: half the runs')
 # (other bytes than the run), whose communication gives the model's latency per wire step
 # (fp4quant.perfmodel.validate: the probe's own collectives met the link more slowly than the
 # trainer's, by an amount that moved from probe to probe).  With
@@ -17,8 +17,9 @@ VRATES = [f"{r:g}" for r in VALIDATION.get("rates_mbit", [30, 60, 120])]
 VCOMMS = VALIDATION.get("comms", ["bf16", "fp4quant"])
 VREPEATS = list(range(1, int(VALIDATION.get("repeats", 1)) + 1))
 VDIR = f"{OUT}/cluster/validation"
-VLATENCY_BATCH = int(VALIDATION.get("latency_batch_size", 1))
-if VLATENCY_BATCH == int(TRAIN["batch_size"]):
+# the latency runs' sequences a step: as asked, else half the runs' (2 where the runs take 1)
+VLATENCY_BATCH = int(VALIDATION.get("latency_batch_size") or (TRAIN["batch_size"] // 2 or 2))
+if EMULATED and VLATENCY_BATCH == int(TRAIN["batch_size"]):  # validated on the emulated cluster only
     raise ValueError(f"cluster.validation.latency_batch_size ({VLATENCY_BATCH}) must differ from train.batch_size: "
                      f"a latency run with the runs' own bytes would echo them, not predict them")
 
