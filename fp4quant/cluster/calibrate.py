@@ -203,7 +203,8 @@ class InStepCollectives(CollectiveGaps):
     does (in these steps still 0.25-0.4 ms a wire step slower than in the training runs,
     run3/).  A ``fraction`` below 1 sends other bytes than the run, so that the run's
     communication is still a prediction (fp4quant.perfmodel.validate fits the latency to
-    these calls' time)."""
+    these calls' time where a case has no latency runs; it prefers those: the trainer itself
+    with fewer tokens a step on the same link)."""
 
     def __init__(self, net: Qwen2ForCausalLM, config: CommConfig, world: int, fraction: float):
         if world < 2:

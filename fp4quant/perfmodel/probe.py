@@ -53,9 +53,11 @@ link     uncompressed all-reduces (BF16) for model.fit_link, at the sizes the ru
          each tensor where the waits were (calibrate.InStepCollectives, no gaps):
          "collective_comm_s", the mean over steps of the least over the ranks of a step's
          seconds in them (the trainer's communication timer), "collective_wire_steps" and
-         "collective_fraction"; perfmodel.validate fits the latency to them (what the model
-         uses where a probe has them: the small transfers read 6-17% under the run's
-         exchanges and move 2x between probes).  For a compressed comm, steps with its
+         "collective_fraction"; perfmodel.validate fits the latency to them where a case
+         has no latency runs (the trainer itself with fewer tokens on the same link, which
+         it prefers: these steps met the link 0.25-0.6 ms a wire step more slowly than the
+         trainer; the small transfers read 6-17% under the run's exchanges and move 2x
+         between probes).  For a compressed comm, steps with its
          all-reduces of whole tensors give the codec as the run's collectives meet it
          ("collective_codec_values_per_s", what the model uses where a probe has it: the
          gapped steps' codec, between sleeps, came out 9-25% slower than the runs' at 60
