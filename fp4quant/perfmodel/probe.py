@@ -55,7 +55,7 @@ link     uncompressed all-reduces (BF16) for model.fit_link, at the sizes the ru
          seconds in them (the trainer's communication timer), "collective_wire_steps" and
          "collective_fraction"; perfmodel.validate fits the latency to them where a case
          has no latency runs (the trainer itself with fewer tokens on the same link, which
-         it prefers: these steps met the link 0.25-0.6 ms a wire step more slowly than the
+         it prefers: these steps met the link 0.25-0.4 ms a wire step more slowly than the
          trainer; the small transfers read 6-17% under the run's exchanges and move 2x
          between probes).  For a compressed comm, steps with its
          all-reduces of whole tensors give the codec as the run's collectives meet it

@@ -37,7 +37,7 @@ met it under the run's comm, or the smallest message's mean over the probe's man
 rides on the burst); the scalar all-reduces as the probe timed them inside its steps; the ranks'
 skew (a rank's wait for a slower one: the wait row, or inside communication for older logs).
 Nothing is fitted to the runs validated.  Why latency runs: on the 2-core VM the probe's
-in-step collectives met the link 0.25-0.6 ms a wire step more slowly than the trainer's
+in-step collectives met the link 0.25-0.4 ms a wire step more slowly than the trainer's
 runs, by an amount that moved from batch to batch of probes (reference/README.md); a
 latency run meets the link as the runs do, and differs from them only in its bytes, which
 the model's link must then account for (README: the step model, part by part).  Rows: config,
