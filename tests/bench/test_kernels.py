@@ -31,8 +31,14 @@ def test_quick_run_writes_csv_limits_and_summary(tmp_path):
             assert r.limit_gbps == pytest.approx(traffic * processed / r.bytes_moved / 1e9)
             assert r.fraction == pytest.approx(r.gbps / r.limit_gbps)
             assert r.fraction_best == pytest.approx(r.gbps_max / r.limit_gbps)
+            assert r.format_fraction == pytest.approx(r.fraction * r.format_bytes_moved / r.bytes_moved)
     q = df[(df.op == "quantize") & (df.impl == "native") & (df.preset == "fp4quant")].iloc[0]
-    assert q.bytes_moved == 4 * q.numel + layout(q.numel, QuantConfig.preset("fp4quant")).nbytes
+    assert q.bytes_moved == q.format_bytes_moved == 4 * q.numel + layout(q.numel, QuantConfig.preset("fp4quant")).nbytes
+    # one scale for the whole tensor: the format reads its input twice, and its floor says so
+    nv = df[(df.op == "quantize") & (df.impl == "native") & (df.preset == "nvfp4")].iloc[0]
+    message = layout(nv.numel, QuantConfig.preset("nvfp4")).nbytes
+    assert (nv.bytes_moved, nv.format_bytes_moved) == (4 * nv.numel + message, 8 * nv.numel + message)
+    assert nv.format_fraction > nv.fraction
     meta = json.loads((tmp_path / "k.csv.meta.json").read_text())
     assert meta["summary"]["fp4quant_over_reference"] > 1 and meta["threads"] == [1, 2]
     assert len(meta["load_average_before"]) == 3 and meta["cpu_isa"]
