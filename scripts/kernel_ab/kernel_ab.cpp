@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "cpu/codec_cpu.h"
@@ -24,6 +25,18 @@ using namespace fp4q;
 
 static void serial(int64_t n, int64_t, cpu::RangeFn fn, void* ctx) { fn(ctx, 0, n); }
 
+// THREADS=k (kernel_ab.sh): the spans split into k contiguous ranges, each on its own thread, as
+// the extension's parallel_for splits them (threads made per call: a few tens of microseconds,
+// alike for A and B)
+static int threads = 1;
+static void split(int64_t n, int64_t grain, cpu::RangeFn fn, void* ctx) {
+  if (threads <= 1) return serial(n, grain, fn, ctx);
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back([=] { fn(ctx, n * t / threads, n * (t + 1) / threads); });
+  fn(ctx, 0, n / threads);
+  for (std::thread& th : pool) th.join();
+}
+
 int main(int argc, char** argv) {
   const char* preset = argc > 1 ? argv[1] : "fp4quant";
   const int64_t mib = argc > 2 ? atoll(argv[2]) : 1;
@@ -38,6 +51,11 @@ int main(int argc, char** argv) {
   const bool dequantize = !strcmp(op, "dequantize");
   if (!dequantize && strcmp(op, "quantize")) {
     fprintf(stderr, "kernel_ab: op must be quantize or dequantize, got %s\n", op);
+    return 2;
+  }
+  if (const char* t = getenv("THREADS")) threads = atoi(t);
+  if (threads < 1) {
+    fprintf(stderr, "kernel_ab: THREADS must be a positive count, got %s\n", getenv("THREADS"));
     return 2;
   }
   const int64_t n = mib << 18;  // float32 values
@@ -115,8 +133,8 @@ int main(int argc, char** argv) {
     }
   }
   auto call = [&](bool b) {
-    if (dequantize) (b ? kb : ka).dequantize(b ? db : da, serial);
-    else (b ? kb : ka).quantize(b ? qb : qa, serial);
+    if (dequantize) (b ? kb : ka).dequantize(b ? db : da, split);
+    else (b ? kb : ka).quantize(b ? qb : qa, split);
   };
   std::vector<double> ta, tb;
   for (int i = 0; i < calls; ++i) {

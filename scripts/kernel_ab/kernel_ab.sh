@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The CPU quantize (or dequantize) of two commits side by side in one process (kernel_ab.cpp):
 # each commit's csrc/ compiled with the extension's flags, then, per preset and size,
-# alternating single-threaded calls on the same input; B's output must equal A's.
+# alternating calls (one thread unless THREADS) on the same input; B's output must equal A's.
 #
-#   [ISA=avx512|avx2] [OPS="quantize dequantize"] [ROUNDING=stochastic] scripts/kernel_ab/kernel_ab.sh
+#   [ISA=avx512|avx2] [OPS="quantize dequantize"] [ROUNDING=stochastic] [THREADS=2] scripts/kernel_ab/kernel_ab.sh
 #       REV_A REV_B [OUT.csv|-] [SIZES_MIB] [PRESETS]
 #   (REV_B may be "worktree"; defaults: avx512, quantize, nearest, - (standard output), "1 64",
-#   "fp4quant no_fwht nvfp4"; stochastic: the trainer's backward config, micro-scales rounded up)
+#   "fp4quant no_fwht nvfp4"; stochastic: the trainer's backward config, micro-scales rounded up;
+#   THREADS: the spans split over that many threads, as the extension splits them; default 1)
 #
 # Columns: op, preset, rounding, MiB, calls of each, A's median and fastest GB/s (of float32 values in
 # or out), B's, and B's speedup (A's time over B's: median, fastest).
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n 2,14p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,15p "$0"; exit 2; }
 isa=${ISA:-avx512}
 case $isa in avx512|avx2) ;; *) echo "kernel_ab: ISA must be avx512 or avx2, got $isa" >&2; exit 2 ;; esac
 root=$(git rev-parse --show-toplevel)
@@ -32,9 +33,9 @@ for side in a b; do
   g++ $flags -I "$work/$side/csrc" -c "$work/kernel_ab_$side.cpp" -o "$work/$side.o" &
 done
 wait
-g++ $flags -I "$work/a/csrc" "$here/kernel_ab.cpp" "$work/a.o" "$work/b.o" -o "$work/kernel_ab"
+g++ $flags -pthread -I "$work/a/csrc" "$here/kernel_ab.cpp" "$work/a.o" "$work/b.o" -o "$work/kernel_ab"
 {
-  echo "# isa=$isa A=$(git -C "$root" rev-parse --short "$1") B=$([ "$2" = worktree ] && echo worktree || git -C "$root" rev-parse --short "$2") cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) date=$(date -u +%FT%TZ)"
+  echo "# isa=$isa threads=${THREADS:-1} A=$(git -C "$root" rev-parse --short "$1") B=$([ "$2" = worktree ] && echo worktree || git -C "$root" rev-parse --short "$2") cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) date=$(date -u +%FT%TZ)"
   echo "op,preset,rounding,mib,calls,a_gbps_median,a_gbps_best,b_gbps_median,b_gbps_best,speedup_median,speedup_best"
   for op in $ops; do for mib in $sizes; do for p in $presets; do
     "$work/kernel_ab" "$p" "$mib" "$([ "$mib" -ge 16 ] && echo 60 || echo 400)" "$op" "$rounding"
