@@ -16,12 +16,17 @@ GB/s is bytes of input processed per second (for dequantize: of the float32 valu
 produces; for dequantize_reduce: of the values it sums), over repeated timed runs after a
 warm-up (CUDA: events): the median, and the slowest and fastest run (gbps_min, gbps_max).
 
-The memory-bound limit of an op is the copy's bytes per second (read + write; its fastest run,
-timed before and after the size's other cases: other load on the machine only slows runs
-down) over the bytes the op moves per byte it processes: quantize 4 + message bytes per value,
-dequantize message + 4, dequantize_reduce W messages + the message (for a quantize that
-writes 0.565 bytes per value: copy GB/s * 8 / 4.565).  `fraction` is the op's median against
-that limit, `fraction_best` its fastest run.
+The memory-bound limit of an op is the copy's bytes per second (read + write) over the bytes
+the op moves per byte it processes: quantize 4 + message bytes per value, dequantize message
++ 4, dequantize_reduce W messages + the message (for a quantize that writes 0.565 bytes per
+value: copy GB/s * 8 / 4.565).  Each timed call of an op is paired with a copy timed beside it
+(which goes first alternating): on a shared VM the memory's speed moves by tens of percent
+between minutes while a compute-bound op's does not, so a limit from copies timed apart
+swings the fraction with the hour (0.31 and 0.40 for the same kernel two minutes apart).
+`fraction` is the median over the pairs of the call's fraction of its copy's limit
+(fraction_min, fraction_max: the extreme pairs), `limit_gbps` the limit from the pairs' median
+copy; `fraction_best` is the op's fastest run against the fastest copy of the size (the
+conservative figure of earlier CSVs).  The copy row holds every paired copy of its size.
 
 A format with one scale for the whole tensor (nvfp4's coarse_scale "tensor") cannot encode a
 value before it has read every value: beyond the last-level cache its quantize reads the input
@@ -40,7 +45,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -59,23 +63,47 @@ WORLD = 2  # messages summed by dequantize_reduce
 TARGETS = {"fp4quant": 0.40, "no_fwht": 0.60, "nvfp4": 0.60}
 
 
+def call_seconds(device: torch.device, fn: Callable[[], object]) -> float:
+    """Seconds of one call of fn (CUDA: between events)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def timer(device: torch.device, fn: Callable[[], object], min_time: float, max_iters: int) -> list[float]:
     """Seconds of each timed call of fn (at least 5), after one warm-up call."""
     fn()
     times: list[float] = []
     while len(times) < 5 or (sum(times) < min_time and len(times) < max_iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        times.append(call_seconds(device, fn))
     return times
+
+
+def paired_timer(device: torch.device, fn: Callable[[], object], copy: Callable[[], object], min_time: float,
+                 max_iters: int) -> tuple[list[float], list[float]]:
+    """Seconds of each timed call of fn and of a call of `copy` beside it (at least 5 pairs, which
+    goes first alternating), after one warm-up call of each: the two calls of a pair meet the
+    same memory system, whose speed on a shared machine moves by tens of percent from one
+    minute to the next (a limit from copies timed minutes apart made a dequantize 1.25 of it)."""
+    fn()
+    copy()
+    times: list[float] = []
+    copies: list[float] = []
+    while len(times) < 5 or (sum(times) < min_time and len(times) < max_iters):
+        first_fn = len(times) % 2 == 0
+        if first_fn:
+            times.append(call_seconds(device, fn))
+        copies.append(call_seconds(device, copy))
+        if not first_fn:
+            times.append(call_seconds(device, fn))
+    return times, copies
 
 
 def torchao_nvfp4():
@@ -105,14 +133,6 @@ def bytes_moved(op: str, numel: int, message: int, tensor_scale: bool = False) -
     return 2 * 4 * numel  # copy, clone
 
 
-@dataclass
-class Copy:
-    """The prefaulted copy of one size: bytes read + written per second, median and fastest."""
-
-    traffic: float
-    traffic_best: float
-
-
 def measure_size(device, size: int, threads: int, presets: list[str], min_time: float, reference_max: int,
                  nvfp4, bar) -> list[dict]:
     numel = size // 4
@@ -120,66 +140,74 @@ def measure_size(device, size: int, threads: int, presets: list[str], min_time: 
     max_iters = 50 if size <= 16 * MiB else 9
     rows: list[dict] = []
 
-    def record(op, impl, preset, times, processed, moved, copy: Copy | None, format_moved: int | None = None):
+    def record(op, impl, preset, timed: tuple[list[float], list[float]], processed, moved, format_moved=None):
+        times, copies = timed
         t = sorted(times)
+        # each call against the copy beside it: the fraction of the limit the op reached then
+        pairs = sorted(c * moved / (2 * size * s) for s, c in zip(times, copies))
+        limit = 2 * size / statistics.median(copies) * processed / moved / 1e9
         row = {"op": op, "impl": impl, "preset": preset, "size_bytes": size, "numel": numel, "threads": threads,
                "seconds": statistics.median(t), "gbps": processed / statistics.median(t) / 1e9,
                "gbps_min": processed / t[-1] / 1e9, "gbps_max": processed / t[0] / 1e9, "iters": len(t),
-               "bytes_moved": moved, "format_bytes_moved": moved if format_moved is None else format_moved}
-        if copy is not None:
-            row["limit_gbps"] = copy.traffic * processed / moved / 1e9
-            row["fraction"] = row["gbps"] / row["limit_gbps"]
-            row["fraction_best"] = row["gbps_max"] / (copy.traffic_best * processed / moved / 1e9)
-            row["format_fraction"] = row["fraction"] * row["format_bytes_moved"] / moved
+               "bytes_moved": moved, "format_bytes_moved": moved if format_moved is None else format_moved,
+               "limit_gbps": limit, "fraction": statistics.median(pairs), "fraction_min": pairs[0],
+               "fraction_max": pairs[-1]}
+        row["format_fraction"] = row["fraction"] * row["format_bytes_moved"] / moved
         rows.append(row)
+        all_copies.extend(copies)
         bar.update()
 
     out = torch.empty_like(x)
     out.copy_(x)  # prefault: the copy measures memory, not the kernel's page-zeroing
-    copy_times = timer(device, lambda: out.copy_(x), min_time, max_iters)
-    # the limit: the copy's fastest run (other load on the machine only slows runs down)
-    copy = Copy(2 * size / min(copy_times), 2 * size / min(copy_times))
-    record("clone", "torch", "", timer(device, lambda: x.clone(), min_time, max_iters), size,
-           bytes_moved("clone", numel, 0), copy)
+    all_copies: list[float] = []
+
+    def paired(fn, iters=max_iters):
+        return paired_timer(device, fn, lambda: out.copy_(x), min_time, iters)
+
+    record("clone", "torch", "", paired(lambda: x.clone()), size, bytes_moved("clone", numel, 0))
     fp4_message = layout(numel, QuantConfig.preset("fp4quant")).nbytes
     if size <= reference_max:
         from ..reference import codec as reference
 
         cfg = QuantConfig.preset("fp4quant")
-        record("quantize", "reference", "fp4quant", timer(device, lambda: reference.quantize_rows(x[None], cfg), min_time, 3),
-               size, bytes_moved("quantize", numel, fp4_message), copy)
+        record("quantize", "reference", "fp4quant", paired(lambda: reference.quantize_rows(x[None], cfg), 3),
+               size, bytes_moved("quantize", numel, fp4_message))
     if nvfp4 is not None:
         x2d = x.view(-1, 4096) if numel % 4096 == 0 else x.view(1, -1)
         scale = x.abs().amax() / 2688  # given, not timed: the kindest setting for the peer
         message = layout(numel, QuantConfig.preset("nvfp4")).nbytes
-        record("quantize", "torchao", "nvfp4", timer(device, lambda: nvfp4(x2d, scale), min_time, max_iters), size,
-               bytes_moved("quantize", numel, message), copy, bytes_moved("quantize", numel, message, True))
+        record("quantize", "torchao", "nvfp4", paired(lambda: nvfp4(x2d, scale)), size,
+               bytes_moved("quantize", numel, message), bytes_moved("quantize", numel, message, True))
     backend = ops.backend(device)
     for name in presets:
         config = QuantConfig.preset(name)
         msg = ops.quantize_rows(x[None], config)
         message = msg.numel()
-        record("quantize", backend, name, timer(device, lambda: ops.quantize_rows(x[None], config), min_time, max_iters),
-               size, bytes_moved("quantize", numel, message), copy,
+        record("quantize", backend, name, paired(lambda: ops.quantize_rows(x[None], config)),
+               size, bytes_moved("quantize", numel, message),
                bytes_moved("quantize", numel, message, config.coarse_scale == "tensor"))
         record("dequantize", backend, name,
-               timer(device, lambda: ops.dequantize_rows(msg, numel, config, torch.float32, out=out[None]), min_time,
-                     max_iters),
-               size, bytes_moved("dequantize", numel, message), copy)
+               paired(lambda: ops.dequantize_rows(msg, numel, config, torch.float32, out=out[None])),
+               size, bytes_moved("dequantize", numel, message))
         many = torch.cat([msg] * WORLD)
         record("dequantize_reduce", backend, name,
-               timer(device, lambda: ops.dequantize_reduce(many, numel, config, torch.float32, True), min_time, max_iters),
-               WORLD * size, bytes_moved("dequantize_reduce", numel, message), copy)
-    # the copy once more after the ops, and the limits from its fastest run of both
-    copy_times += timer(device, lambda: out.copy_(x), min_time, max_iters)
-    best = min(copy_times)
+               paired(lambda: ops.dequantize_reduce(many, numel, config, torch.float32, True)),
+               WORLD * size, bytes_moved("dequantize_reduce", numel, message))
+    # fraction_best, as before the pairs: the op's fastest run against the fastest copy of the size
+    best = min(all_copies)
     for r in rows:
         processed = r["gbps"] * r["seconds"] * 1e9
-        r["limit_gbps"] = 2 * size / best * processed / r["bytes_moved"] / 1e9
-        r["fraction"] = r["gbps"] / r["limit_gbps"]
-        r["fraction_best"] = r["gbps_max"] / r["limit_gbps"]
-        r["format_fraction"] = r["fraction"] * r["format_bytes_moved"] / r["bytes_moved"]
-    record("copy", "torch", "", copy_times, size, bytes_moved("copy", numel, 0), Copy(2 * size / best, 2 * size / best))
+        r["fraction_best"] = r["gbps_max"] / (2 * size / best * processed / r["bytes_moved"] / 1e9)
+    # the copy: every paired call of the size; its own limit is its fastest run
+    c = sorted(all_copies)
+    rows.append({"op": "copy", "impl": "torch", "preset": "", "size_bytes": size, "numel": numel, "threads": threads,
+                 "seconds": statistics.median(c), "gbps": size / statistics.median(c) / 1e9,
+                 "gbps_min": size / c[-1] / 1e9, "gbps_max": size / c[0] / 1e9, "iters": len(c),
+                 "bytes_moved": bytes_moved("copy", numel, 0), "format_bytes_moved": bytes_moved("copy", numel, 0),
+                 "limit_gbps": size / c[0] / 1e9, "fraction": c[0] / statistics.median(c),
+                 "fraction_min": c[0] / c[-1], "fraction_max": 1.0, "fraction_best": 1.0,
+                 "format_fraction": c[0] / statistics.median(c)})
+    bar.update()
     return rows
 
 
