@@ -74,7 +74,8 @@ def throughput(training: pd.DataFrame, out, profile: str) -> None:
 
 def kernels(df: pd.DataFrame, out, profile: str) -> None:
     """Kernel throughput vs input size per thread count (median, bars: slowest..fastest run),
-    under the memory-bound limit from a prefaulted copy (dashed); below each, the fraction of it."""
+    under the memory-bound limit from a prefaulted copy (dashed); below each, the fraction of it
+    (band: the range over the calls, each against the copy timed beside it, where the CSV has it)."""
     d = df if "threads" in df else df.assign(threads=0)
     measured = d[d.impl.isin(["native", "reference", "torchao"])].copy()
     measured["series"] = measured.preset.where(measured.impl == "native", measured.impl + " " + measured.preset)
@@ -97,6 +98,9 @@ def kernels(df: pd.DataFrame, out, profile: str) -> None:
                                 label=name)
                 else:
                     ax.plot(s.size_bytes, s.fraction, marker="o", ms=3, lw=1, color=palette[name])
+                    if "fraction_min" in s and s.fraction_min.notna().all():  # each call against its paired copy
+                        ax.fill_between(s.size_bytes, s.fraction_min, s.fraction_max, color=palette[name], alpha=0.15,
+                                        lw=0)
             where = f"{threads} thread{'s' if threads != 1 else ''}" if threads else ""
             if kind == "gbps":
                 if has_limit:
