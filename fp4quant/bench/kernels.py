@@ -140,18 +140,22 @@ def measure_size(device, size: int, threads: int, presets: list[str], min_time: 
     max_iters = 50 if size <= 16 * MiB else 9
     rows: list[dict] = []
 
+    def timing_row(op, impl, preset, times, processed, moved):
+        t = sorted(times)
+        return {"op": op, "impl": impl, "preset": preset, "size_bytes": size, "numel": numel, "threads": threads,
+                "seconds": statistics.median(t), "gbps": processed / statistics.median(t) / 1e9,
+                "gbps_min": processed / t[-1] / 1e9, "gbps_max": processed / t[0] / 1e9, "iters": len(t),
+                "bytes_moved": moved, "format_bytes_moved": moved}
+
     def record(op, impl, preset, timed: tuple[list[float], list[float]], processed, moved, format_moved=None):
         times, copies = timed
-        t = sorted(times)
+        row = timing_row(op, impl, preset, times, processed, moved)
         # each call against the copy beside it: the fraction of the limit the op reached then
         pairs = sorted(c * moved / (2 * size * s) for s, c in zip(times, copies))
-        limit = 2 * size / statistics.median(copies) * processed / moved / 1e9
-        row = {"op": op, "impl": impl, "preset": preset, "size_bytes": size, "numel": numel, "threads": threads,
-               "seconds": statistics.median(t), "gbps": processed / statistics.median(t) / 1e9,
-               "gbps_min": processed / t[-1] / 1e9, "gbps_max": processed / t[0] / 1e9, "iters": len(t),
-               "bytes_moved": moved, "format_bytes_moved": moved if format_moved is None else format_moved,
-               "limit_gbps": limit, "fraction": statistics.median(pairs), "fraction_min": pairs[0],
-               "fraction_max": pairs[-1]}
+        row.update(limit_gbps=2 * size / statistics.median(copies) * processed / moved / 1e9,
+                   fraction=statistics.median(pairs), fraction_min=pairs[0], fraction_max=pairs[-1])
+        if format_moved is not None:
+            row["format_bytes_moved"] = format_moved
         row["format_fraction"] = row["fraction"] * row["format_bytes_moved"] / moved
         rows.append(row)
         all_copies.extend(copies)
@@ -199,14 +203,11 @@ def measure_size(device, size: int, threads: int, presets: list[str], min_time: 
         processed = r["gbps"] * r["seconds"] * 1e9
         r["fraction_best"] = r["gbps_max"] / (2 * size / best * processed / r["bytes_moved"] / 1e9)
     # the copy: every paired call of the size; its own limit is its fastest run
-    c = sorted(all_copies)
-    rows.append({"op": "copy", "impl": "torch", "preset": "", "size_bytes": size, "numel": numel, "threads": threads,
-                 "seconds": statistics.median(c), "gbps": size / statistics.median(c) / 1e9,
-                 "gbps_min": size / c[-1] / 1e9, "gbps_max": size / c[0] / 1e9, "iters": len(c),
-                 "bytes_moved": bytes_moved("copy", numel, 0), "format_bytes_moved": bytes_moved("copy", numel, 0),
-                 "limit_gbps": size / c[0] / 1e9, "fraction": c[0] / statistics.median(c),
-                 "fraction_min": c[0] / c[-1], "fraction_max": 1.0, "fraction_best": 1.0,
-                 "format_fraction": c[0] / statistics.median(c)})
+    copy = timing_row("copy", "torch", "", all_copies, size, bytes_moved("copy", numel, 0))
+    copy.update(limit_gbps=copy["gbps_max"], fraction=copy["gbps"] / copy["gbps_max"],
+                fraction_min=copy["gbps_min"] / copy["gbps_max"], fraction_max=1.0, fraction_best=1.0)
+    copy["format_fraction"] = copy["fraction"]
+    rows.append(copy)
     bar.update()
     return rows
 
