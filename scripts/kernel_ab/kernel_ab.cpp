@@ -1,8 +1,9 @@
-// Side by side, in one process: the CPU quantize or dequantize (AVX-512 or AVX2) of two builds
+// Side by side, in one process: the CPU quantize, dequantize or dequantize_reduce (AVX-512 or AVX2) of two builds
 // of csrc/ (A and B), called alternately on the same input, serially, so that whatever else the
 // machine does slows both alike (on a shared VM, timing two builds in separate processes moved
 // the same code by +-20% between runs).  Built and run by kernel_ab.sh; exits 1 unless A and B
-// write the same message (quantize) or the same float32 values (dequantize, of A's message).
+// write the same message (quantize; dequantize_reduce: of two copies of A's message, re-quantized)
+// or the same float32 values (dequantize, of A's message).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,9 +49,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "kernel_ab: rounding must be nearest or stochastic, got %s\n", rounding);
     return 2;
   }
-  const bool dequantize = !strcmp(op, "dequantize");
-  if (!dequantize && strcmp(op, "quantize")) {
-    fprintf(stderr, "kernel_ab: op must be quantize or dequantize, got %s\n", op);
+  const bool dequantize = !strcmp(op, "dequantize"), reduce = !strcmp(op, "dequantize_reduce");
+  if (!dequantize && !reduce && strcmp(op, "quantize")) {
+    fprintf(stderr, "kernel_ab: op must be quantize, dequantize or dequantize_reduce, got %s\n", op);
     return 2;
   }
   if (const char* t = getenv("THREADS")) threads = atoi(t);
@@ -132,8 +133,37 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  // dequantize_reduce: two copies of A's message summed and re-quantized (as the benchmark's)
+  constexpr int64_t kWorld = 2;
+  std::vector<uint8_t> msgs(reduce ? kWorld * lay.nbytes : 0), sum_a(reduce ? lay.nbytes : 0),
+      sum_b(reduce ? lay.nbytes : 0);
+  for (int64_t w = 0; reduce && w < kWorld; ++w) std::memcpy(msgs.data() + w * lay.nbytes, out_a.data(), lay.nbytes);
+  auto rargs = [&](uint8_t* out) {
+    ReduceArgs r{};
+    r.cfg = c;
+    r.lay = lay;
+    r.world = kWorld;
+    r.msgs = msgs.data();
+    r.requantize = true;
+    r.out_msg = out;
+    r.out_dtype = kF32;
+    r.signs = c.fwht ? signs.data() : nullptr;
+    r.key = 0x9E3779B9u;
+    r.offset = (uint64_t(1) << 32) - 1000;
+    return r;
+  };
+  const ReduceArgs ra = rargs(sum_a.data()), rb = rargs(sum_b.data());
+  if (reduce) {
+    ka.dequantize_reduce(ra, serial);
+    kb.dequantize_reduce(rb, serial);
+    if (sum_a != sum_b) {
+      printf("kernel_ab: A and B wrote different sums (%s, %lld MiB)\n", preset, (long long)mib);
+      return 1;
+    }
+  }
   auto call = [&](bool b) {
-    if (dequantize) (b ? kb : ka).dequantize(b ? db : da, split);
+    if (reduce) (b ? kb : ka).dequantize_reduce(b ? rb : ra, split);
+    else if (dequantize) (b ? kb : ka).dequantize(b ? db : da, split);
     else (b ? kb : ka).quantize(b ? qb : qa, split);
   };
   std::vector<double> ta, tb;
@@ -147,7 +177,8 @@ int main(int argc, char** argv) {
   }
   std::sort(ta.begin(), ta.end());
   std::sort(tb.begin(), tb.end());
-  const double bytes = 4.0 * n;  // of float32 values taken in (quantize) or given out (dequantize)
+  // of float32 values taken in (quantize), given out (dequantize) or summed (dequantize_reduce: both messages')
+  const double bytes = 4.0 * n * (reduce ? kWorld : 1);
   const double a_med = ta[ta.size() / 2], b_med = tb[tb.size() / 2];
   printf("%s,%s,%s,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f\n", op, preset, rounding, (long long)mib, calls, bytes / a_med / 1e9,
          bytes / ta[0] / 1e9, bytes / b_med / 1e9, bytes / tb[0] / 1e9, a_med / b_med, ta[0] / tb[0]);

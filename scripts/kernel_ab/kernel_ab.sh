@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The CPU quantize (or dequantize) of two commits side by side in one process (kernel_ab.cpp):
+# The CPU quantize (or dequantize, dequantize_reduce) of two commits side by side in one process (kernel_ab.cpp):
 # each commit's csrc/ compiled with the extension's flags, then, per preset and size,
 # alternating calls (one thread unless THREADS) on the same input; B's output must equal A's.
 #
-#   [ISA=avx512|avx2] [OPS="quantize dequantize"] [ROUNDING=stochastic] [THREADS=2] scripts/kernel_ab/kernel_ab.sh
+#   [ISA=avx512|avx2] [OPS="quantize dequantize dequantize_reduce"] [ROUNDING=stochastic] [THREADS=2] scripts/kernel_ab/kernel_ab.sh
 #       REV_A REV_B [OUT.csv|-] [SIZES_MIB] [PRESETS]
 #   (REV_B may be "worktree"; defaults: avx512, quantize, nearest, - (standard output), "1 64",
 #   "fp4quant no_fwht nvfp4"; stochastic: the trainer's backward config, micro-scales rounded up;
 #   THREADS: the spans split over that many threads, as the extension splits them; default 1)
 #
 # Columns: op, preset, rounding, MiB, calls of each, A's median and fastest GB/s (of float32 values in
-# or out), B's, and B's speedup (A's time over B's: median, fastest).
+# or out; dequantize_reduce: summed), B's, and B's speedup (A's time over B's: median, fastest).
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n 2,15p "$0"; exit 2; }
 isa=${ISA:-avx512}
