@@ -6,8 +6,6 @@
 // group, in L1); the encoder's pieces read the one transformed group in L1.  Single-threaded;
 // each figure is the fastest of 7 timings of CALLS calls, in ns a value.  Built and run by
 // pieces.sh; it times, it checks nothing (the tests and kernel_ab.sh check the bytes).
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -16,21 +14,10 @@
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2,popcnt")
 #define FP4Q_AVX2 1
 #include "cpu/codec_generic.h"
+#include "pieces_timing.h"
 
 using namespace fp4q;
 using namespace fp4q::cpu;
-
-template <class F>
-static double ns_per_value(F f, int64_t values_per_call, int calls) {
-  for (int i = 0; i < calls / 10 + 1; ++i) f();
-  double best = 1e30;
-  for (int rep = 0; rep < 7; ++rep) {
-    const auto t = std::chrono::steady_clock::now();
-    for (int i = 0; i < calls; ++i) f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
-  }
-  return best * 1e9 / (double(values_per_call) * calls);
-}
 
 int main(int argc, char** argv) {
   constexpr int64_t G = 2048, M = G / 16;
