@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   ka.quantize(qa, serial);
   kb.quantize(qb, serial);
   if (out_a != out_b) {
-    printf("kernel_ab: A and B wrote different messages (%s, %lld MiB)\n", preset, (long long)mib);
+    fprintf(stderr, "kernel_ab: A and B wrote different messages (%s, %lld MiB)\n", preset, (long long)mib);
     return 1;
   }
   // dequantize: A's message into float32 values (prefaulted buffers; 64 MiB streams past the caches)
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
     ka.dequantize(da, serial);
     kb.dequantize(db, serial);
     if (std::memcmp(values_a.data(), values_b.data(), 4 * size_t(n))) {
-      printf("kernel_ab: A and B wrote different values (%s, %lld MiB)\n", preset, (long long)mib);
+      fprintf(stderr, "kernel_ab: A and B wrote different values (%s, %lld MiB)\n", preset, (long long)mib);
       return 1;
     }
   }
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
     ka.dequantize_reduce(ra, serial);
     kb.dequantize_reduce(rb, serial);
     if (sum_a != sum_b) {
-      printf("kernel_ab: A and B wrote different sums (%s, %lld MiB)\n", preset, (long long)mib);
+      fprintf(stderr, "kernel_ab: A and B wrote different sums (%s, %lld MiB)\n", preset, (long long)mib);
       return 1;
     }
   }

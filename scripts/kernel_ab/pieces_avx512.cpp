@@ -12,7 +12,6 @@
 #include <vector>
 
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2,popcnt")
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define FP4Q_AVX512 1
 #include "cpu/codec_generic.h"
 #include "pieces_timing.h"
