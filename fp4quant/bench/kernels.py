@@ -77,15 +77,6 @@ def call_seconds(device: torch.device, fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def timer(device: torch.device, fn: Callable[[], object], min_time: float, max_iters: int) -> list[float]:
-    """Seconds of each timed call of fn (at least 5), after one warm-up call."""
-    fn()
-    times: list[float] = []
-    while len(times) < 5 or (sum(times) < min_time and len(times) < max_iters):
-        times.append(call_seconds(device, fn))
-    return times
-
-
 def paired_timer(device: torch.device, fn: Callable[[], object], copy: Callable[[], object], min_time: float,
                  max_iters: int) -> tuple[list[float], list[float]]:
     """Seconds of each timed call of fn and of a call of `copy` beside it (at least 5 pairs, which

@@ -6,85 +6,58 @@
 // group, in L1); the encoder's pieces read the one transformed group in L1.  Single-threaded;
 // each figure is the fastest of 7 timings of CALLS calls, in ns a value.  Built and run by
 // pieces.sh; it times, it checks nothing (the tests and kernel_ab.sh check the bytes).
-#include <cstdio>
-#include <cstdlib>
-#include <random>
-#include <vector>
-
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2,popcnt")
 #define FP4Q_AVX2 1
 #include "cpu/codec_generic.h"
-#include "pieces_timing.h"
+#include "pieces_common.h"
 
 using namespace fp4q;
 using namespace fp4q::cpu;
 
 int main(int argc, char** argv) {
-  constexpr int64_t G = 2048, M = G / 16;
-  const int64_t spans = argc > 1 ? std::max(1LL, atoll(argv[1])) : 1;
-  const int calls = argc > 2 ? std::max(1, atoi(argv[2])) : 2000;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  std::vector<float> x(G * spans), signs(G);
-  for (float& v : x) v = normal(rng);
-  for (float& v : signs) v = (rng() & 1) ? 1.0f : -1.0f;
+  Pieces P(argc, argv);
+  constexpr int64_t G = Pieces::G, M = Pieces::M;
   alignas(64) static float b[G];
   alignas(64) static float r[M + 8];
   alignas(64) static uint32_t maxima[M + 8];
   std::vector<uint8_t> msg(M + G / 2);
   uint8_t* codes = msg.data() + M;
-  Config cfg{};
-  cfg.element = kE2M1;
-  cfg.micro_scale = kScaleE4M3;
-  cfg.micro_group = 16;
-  cfg.group = G;
-  cfg.fwht = 1;
-  cfg.coarse = kCoarseGroup;
-  cfg.rounding = kRoundNearest;
-  cfg.scale_round = kScaleNearest;
-  const float inv = inv_sqrt_group(G);
-  int64_t s = 0;
-  auto next = [&]() {
-    const float* p = x.data() + G * s;
-    s = (s + 1) % spans;
-    return p;
-  };
+  const Config& cfg = P.cfg;
+  const float* signs = P.signs.data();
   volatile float sink = 0;
-  const float amax = avx2::fwht_forward(x.data(), kF32, b, G, 0.25f, signs.data(), inv);
+  const float amax = avx2::fwht_forward(P.x.data(), kF32, b, G, 0.25f, signs, P.inv);
   const float c = amax / coarse_divisor(cfg);  // as encode_prepared's
   for (int64_t j0 = 0; j0 < M; j0 += 8)
     _mm256_store_si256(reinterpret_cast<__m256i*>(maxima + j0), avx2::group_max_bits8(b + 16 * j0));
-  printf("piece,ns_per_value,spans,calls\n");
-  auto row = [&](const char* piece, double ns) { printf("%s,%.4f,%lld,%d\n", piece, ns, (long long)spans, calls); };
-  row("input_amax", ns_per_value([&] { sink = avx2::input_amax(next(), kF32, 0, G); }, G, calls));
-  row("fwht_forward", ns_per_value([&] { sink = avx2::fwht_forward(next(), kF32, b, G, 0.25f, signs.data(), inv); }, G, calls));
-  row("maxima", ns_per_value([&] {
-        for (int64_t j0 = 0; j0 < M; j0 += 8)
-          _mm256_store_si256(reinterpret_cast<__m256i*>(maxima + j0), avx2::group_max_bits8(b + 16 * j0));
-      }, G, calls));
-  row("micro_scales", ns_per_value([&] {
-        for (int64_t j0 = 0; j0 < M; j0 += 8) {
-          const __m256i m = _mm256_load_si256(reinterpret_cast<const __m256i*>(maxima + j0));
-          const __m256i finite = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7F800000), m);
-          const __m256 a = _mm256_and_ps(_mm256_castsi256_ps(m), _mm256_castsi256_ps(finite));
-          avx2::e4m3_micro_scales8(a, finite, c, true, kScaleNearest, msg.data() + j0, r + j0, 8);
-        }
-      }, G, calls));
-  row("codes", ns_per_value([&] {
-        for (int64_t k = 0; k < M; k += 2) {
-          const float* v = b + 16 * k;
-          const __m256i wa = avx2::e2m1_nearest_code_words(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]));
-          const __m256i wb =
-              avx2::e2m1_nearest_code_words(_mm256_loadu_ps(v + 16), _mm256_loadu_ps(v + 24), _mm256_set1_ps(r[k + 1]));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 8 * k), avx2::pack_codes2(wa, wb));
-        }
-      }, G, calls));
-  row("encoder", ns_per_value([&] { avx2::encode_fp4_e4m3_span(cfg, b, G, c, msg.data(), codes, 0, 0); }, G, calls));
-  row("quantize_group", ns_per_value([&] {
-        const float* p = next();
-        const int e = normalizing_exponent(avx2::input_amax(p, kF32, 0, G));
-        const float a = avx2::fwht_forward(p, kF32, b, G, pow2(-e), signs.data(), inv);
-        avx2::encode_fp4_e4m3_span(cfg, b, G, a / coarse_divisor(cfg), msg.data(), codes, 0, 0);
-      }, G, calls));
+  P.row("input_amax", [&] { sink = avx2::input_amax(P.next(), kF32, 0, G); });
+  P.row("fwht_forward", [&] { sink = avx2::fwht_forward(P.next(), kF32, b, G, 0.25f, signs, P.inv); });
+  P.row("maxima", [&] {
+    for (int64_t j0 = 0; j0 < M; j0 += 8)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(maxima + j0), avx2::group_max_bits8(b + 16 * j0));
+  });
+  P.row("micro_scales", [&] {
+    for (int64_t j0 = 0; j0 < M; j0 += 8) {
+      const __m256i m = _mm256_load_si256(reinterpret_cast<const __m256i*>(maxima + j0));
+      const __m256i finite = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7F800000), m);
+      const __m256 a = _mm256_and_ps(_mm256_castsi256_ps(m), _mm256_castsi256_ps(finite));
+      avx2::e4m3_micro_scales8(a, finite, c, true, kScaleNearest, msg.data() + j0, r + j0, 8);
+    }
+  });
+  P.row("codes", [&] {
+    for (int64_t k = 0; k < M; k += 2) {
+      const float* v = b + 16 * k;
+      const __m256i wa = avx2::e2m1_nearest_code_words(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8), _mm256_set1_ps(r[k]));
+      const __m256i wb =
+          avx2::e2m1_nearest_code_words(_mm256_loadu_ps(v + 16), _mm256_loadu_ps(v + 24), _mm256_set1_ps(r[k + 1]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 8 * k), avx2::pack_codes2(wa, wb));
+    }
+  });
+  P.row("encoder", [&] { avx2::encode_fp4_e4m3_span(cfg, b, G, c, msg.data(), codes, 0, 0); });
+  P.row("quantize_group", [&] {
+    const float* p = P.next();
+    const int e = normalizing_exponent(avx2::input_amax(p, kF32, 0, G));
+    const float a = avx2::fwht_forward(p, kF32, b, G, pow2(-e), signs, P.inv);
+    avx2::encode_fp4_e4m3_span(cfg, b, G, a / coarse_divisor(cfg), msg.data(), codes, 0, 0);
+  });
   return int(sink != sink);  // NaN never: keeps sink alive
 }

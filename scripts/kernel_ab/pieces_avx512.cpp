@@ -4,93 +4,65 @@
 // encoder and the whole quantize of a group; the same timing and the same columns.  Built and
 // run by pieces.sh with ISA=avx512; it times, it checks nothing (the tests and kernel_ab.sh
 // check the bytes).  The whole group's figure moves with GCC's inlining of this program: on a
-// Zen 4, 0.49-0.66 ns a value between builds that differed only in other rows (the pieces'
+// Zen 4, 0.49-0.66 ns a value between builds that differed only elsewhere (the pieces.
 // held still); kernel_ab.sh times the extension's own quantize.
-#include <cstdio>
-#include <cstdlib>
-#include <random>
-#include <vector>
 
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2,popcnt")
 #define FP4Q_AVX512 1
 #include "cpu/codec_generic.h"
-#include "pieces_timing.h"
+#include "pieces_common.h"
 
 using namespace fp4q;
 using namespace fp4q::cpu;
 
 int main(int argc, char** argv) {
-  constexpr int64_t G = 2048, M = G / 16;
-  const int64_t spans = argc > 1 ? std::max(1LL, atoll(argv[1])) : 1;
-  const int calls = argc > 2 ? std::max(1, atoi(argv[2])) : 2000;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  std::vector<float> x(G * spans), signs(G);
-  for (float& v : x) v = normal(rng);
-  for (float& v : signs) v = (rng() & 1) ? 1.0f : -1.0f;
+  Pieces P(argc, argv);
+  constexpr int64_t G = Pieces::G, M = Pieces::M;
   alignas(64) static float b[G];
   alignas(64) static float r[M + 16];
   alignas(64) static float amax_of[M + 16];
   std::vector<uint8_t> msg(M + G / 2);
   uint8_t* codes = msg.data() + M;
-  Config cfg{};
-  cfg.element = kE2M1;
-  cfg.micro_scale = kScaleE4M3;
-  cfg.micro_group = 16;
-  cfg.group = G;
-  cfg.fwht = 1;
-  cfg.coarse = kCoarseGroup;
-  cfg.rounding = kRoundNearest;
-  cfg.scale_round = kScaleNearest;
-  const float inv = inv_sqrt_group(G);
-  int64_t s = 0;
-  auto next = [&]() {
-    const float* p = x.data() + G * s;
-    s = (s + 1) % spans;
-    return p;
-  };
+  const Config& cfg = P.cfg;
   // the forward transform as quantize_span_transformed runs it: from the input, its amax after
   auto forward = [&](const float* p, int e) {
-    avx512::FwhtOps o{true, pow2(-e), signs.data(), inv, nullptr, false, 1.0f, true};
+    avx512::FwhtOps o{true, pow2(-e), P.signs.data(), P.inv, nullptr, false, 1.0f, true};
     o.src = p;
     o.src_dtype = kF32;
     return avx512::fwht_fused(b, G, o);
   };
   volatile float sink = 0;
-  const float amax = forward(x.data(), 2);
-  const float c = amax / coarse_divisor(cfg);  // as encode_prepared's
+  const float c = forward(P.x.data(), 2) / coarse_divisor(cfg);  // as encode_prepared's
   __mmask16 finite_of[M / 16];
   for (int64_t j0 = 0; j0 < M; j0 += 16) avx512::group_amax(b + 16 * j0, 16, amax_of + j0, finite_of[j0 / 16]);
   for (int64_t j0 = 0; j0 < M; j0 += 16)
     avx512::e4m3_micro_scales(amax_of + j0, finite_of[j0 / 16], c, true, kScaleNearest, msg.data() + j0, r + j0, 16);
-  printf("piece,ns_per_value,spans,calls\n");
-  auto row = [&](const char* piece, double ns) { printf("%s,%.4f,%lld,%d\n", piece, ns, (long long)spans, calls); };
-  row("input_amax", ns_per_value([&] { sink = avx512::input_amax(next(), kF32, 0, G); }, G, calls));
-  row("fwht_forward", ns_per_value([&] { sink = forward(next(), 2); }, G, calls));
-  row("maxima", ns_per_value([&] {
-        for (int64_t j0 = 0; j0 < M; j0 += 16) avx512::group_amax(b + 16 * j0, 16, amax_of + j0, finite_of[j0 / 16]);
-      }, G, calls));
-  row("micro_scales", ns_per_value([&] {
-        for (int64_t j0 = 0; j0 < M; j0 += 16)
-          avx512::e4m3_micro_scales(amax_of + j0, finite_of[j0 / 16], c, true, kScaleNearest, msg.data() + j0, r + j0, 16);
-      }, G, calls));
-  row("codes", ns_per_value([&] {
-        avx512::E2m1Constants K = avx512::E2m1Constants::make();
-        for (int64_t k = 0; k < M; k += 4) {
-          K.pin();
-          avx512::store_codes4(avx512::e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k), r[k], K),
-                               avx512::e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 16), r[k + 1], K),
-                               avx512::e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 32), r[k + 2], K),
-                               avx512::e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 48), r[k + 3], K),
-                               codes + 8 * k, K);
-        }
-      }, G, calls));
-  row("encoder", ns_per_value([&] { avx512::encode_fp4_e4m3_span(cfg, b, G, c, msg.data(), codes, 0, 0); }, G, calls));
-  row("quantize_group", ns_per_value([&] {
-        const float* p = next();
-        const int e = normalizing_exponent(avx512::input_amax(p, kF32, 0, G));
-        const float a = forward(p, e);
-        avx512::encode_fp4_e4m3_span(cfg, b, G, a / coarse_divisor(cfg), msg.data(), codes, 0, 0);
-      }, G, calls));
+  P.row("input_amax", [&] { sink = avx512::input_amax(P.next(), kF32, 0, G); });
+  P.row("fwht_forward", [&] { sink = forward(P.next(), 2); });
+  P.row("maxima", [&] {
+    for (int64_t j0 = 0; j0 < M; j0 += 16) avx512::group_amax(b + 16 * j0, 16, amax_of + j0, finite_of[j0 / 16]);
+  });
+  P.row("micro_scales", [&] {
+    for (int64_t j0 = 0; j0 < M; j0 += 16)
+      avx512::e4m3_micro_scales(amax_of + j0, finite_of[j0 / 16], c, true, kScaleNearest, msg.data() + j0, r + j0, 16);
+  });
+  P.row("codes", [&] {
+    avx512::E2m1Constants K = avx512::E2m1Constants::make();
+    for (int64_t k = 0; k < M; k += 4) {
+      K.pin();
+      avx512::store_codes4(avx512::e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k), r[k], K),
+                           avx512::e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 16), r[k + 1], K),
+                           avx512::e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 32), r[k + 2], K),
+                           avx512::e2m1_nearest_code_lanes(_mm512_loadu_ps(b + 16 * k + 48), r[k + 3], K),
+                           codes + 8 * k, K);
+    }
+  });
+  P.row("encoder", [&] { avx512::encode_fp4_e4m3_span(cfg, b, G, c, msg.data(), codes, 0, 0); });
+  P.row("quantize_group", [&] {
+    const float* p = P.next();
+    const int e = normalizing_exponent(avx512::input_amax(p, kF32, 0, G));
+    const float a = forward(p, e);
+    avx512::encode_fp4_e4m3_span(cfg, b, G, a / coarse_divisor(cfg), msg.data(), codes, 0, 0);
+  });
   return int(sink != sink);  // NaN never: keeps sink alive
 }
