@@ -109,5 +109,6 @@ class HFTensorParallel(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
     def replicated_parameters(self) -> list[nn.Parameter]:
-        """Parameters every TP rank holds whole (all but the plan's DTensor shards)."""
-        return [p for p in self.parameters() if not isinstance(p, DTensor)]
+        """Parameters every TP rank holds whole: plain tensors and DTensors placed Replicate (a
+        row-parallel bias): their gradients are counted once in the global norm, not per rank."""
+        return [p for p in self.parameters() if not isinstance(p, DTensor) or all(pl.is_replicate() for pl in p.placements)]

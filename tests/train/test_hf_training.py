@@ -77,6 +77,25 @@ def test_a_llama_checkpoint_folder_is_loaded(data, tmp_path):
     assert result["summary"]["provenance"]["config"]["model"] == f"hf:{tmp_path / 'llama'}"
 
 
+def test_biased_llama_at_tp2_trains_as_at_tp1(data, tmp_path):
+    """A Llama with attention and MLP biases (the row-parallel biases are Replicate DTensors):
+    exact traffic at TP = 2 gives TP = 1's loss and gradient norm at every step (the norm
+    counts a replicated parameter once, so clipping acts alike)."""
+    config = tmp_path / "llama-bias" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({**QWEN2, "model_type": "llama", "attention_bias": True, "mlp_bias": True}))
+    logs = {}
+    for tp in (1, 2):
+        cfg = short(data, tmp_path / f"tp{tp}", model=f"hf:{config}", tp=tp, steps=5, seq_len=32, batch_size=2,
+                    comm="exact", seed=3, clip=1.0)
+        run_ranks("train.rank_jobs:train", tp, cfg, timeout=300)
+        logs[tp] = [json.loads(line) for line in (tmp_path / f"tp{tp}/log.jsonl").read_text().splitlines()]
+    assert logs[1][0]["grad_norm"] > 1.0  # clipping acts: a wrong norm would change the updates
+    for one, two in zip(logs[1], logs[2], strict=True):
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-5), one["step"]
+        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5), one["step"]
+
+
 def test_hf_model_resumes_bit_exactly(data, tmp_path, config_json):
     """A run cut at its step-2 checkpoint and resumed replays the whole run: DTensor shards and
     their optimizer state round-trip, the backward's stochastic rounding is keyed by the step."""
