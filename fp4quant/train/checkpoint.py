@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import pickle
 import re
 import shutil
 import sys
@@ -45,6 +46,10 @@ class CheckpointError(ConfigError):
 
 class Damaged(Exception):
     """One checkpoint folder does not match its manifest."""
+
+
+class Unsafe(Exception):
+    """A shard that only a full unpickler could load: refused, never passed over silently."""
 
 
 @dataclass
@@ -123,6 +128,19 @@ def _read(folder: Path, name: str, manifest: dict[str, Any]) -> bytes:
     return data
 
 
+def _load_state(data: bytes, name: str) -> dict[str, Any]:
+    """A shard's state, unpickled with torch's weights-only loader: tensors and plain values
+    only, so a crafted file (its checksum rewritten to match) cannot run code on resume."""
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        what = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise Unsafe(f"{name} holds more than tensors and plain values, refused unread "
+                     f"(loading it could run code): {what[:200]}") from None
+    except (RuntimeError, EOFError, ValueError) as exc:  # a file that matches its digest but is no torch.save
+        raise Damaged(f"{name} is not a readable checkpoint ({type(exc).__name__})") from None
+
+
 def _read_manifest(folder: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -175,15 +193,19 @@ def resume(out: Path, rank: int, world: int, problems: Callable[[dict[str, Any]]
             refusal = problems(manifest)
             mine = ("refused", "; ".join(refusal)) if refusal else None
             if mine is None:
-                state = torch.load(io.BytesIO(_read(folder, shard_name(rank), manifest)), map_location="cpu",
-                                   weights_only=False)
+                state = _load_state(_read(folder, shard_name(rank), manifest), shard_name(rank))
                 log = _read_log(folder, manifest, step) if rank == 0 else None
+        except Unsafe as exc:
+            mine = ("unsafe", f"checkpoint step {step}: {exc}")
         except Damaged as exc:
             mine = ("damaged", f"step {step}: {exc}")
         everyone = [mine]
         if world > 1:
             everyone = [None] * world
             dist.all_gather_object(everyone, mine)
+        unsafe = [msg for kind, msg in filter(None, everyone) if kind == "unsafe"]
+        if unsafe:
+            raise CheckpointError(f"{out}: {unsafe[0]}")
         refused = [msg for kind, msg in filter(None, everyone) if kind == "refused"]
         if refused:
             raise CheckpointError(f"{out} holds a run of another configuration (checkpoint step {step}): {refused[0]}")

@@ -131,6 +131,42 @@ def test_no_intact_checkpoint_is_one_error(run, data, capsys):
     assert len(err.splitlines()) == 1 and "no intact checkpoint" in err and "step 8" in err and "step 6" in err, err
 
 
+class _RunsCode:
+    """What a crafted shard would carry: unpickling it calls a function of the attacker's choice."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(run, data, capsys, tmp_path):
+    """A shard whose pickle calls a function (the manifest's digest rewritten to match) is
+    refused in one line, on resume nothing of it runs, and it is not passed over silently."""
+    import hashlib
+    import io
+
+    import torch
+
+    out, _, _ = run
+    marker = tmp_path / "code-ran"
+    folder = out / "checkpoints" / "step_000008"
+    state = torch.load(folder / "rank0000.pt", weights_only=True)
+    state["config"] = {**state["config"], "payload": _RunsCode(marker)}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    (folder / "rank0000.pt").write_bytes(buf.getvalue())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["rank0000.pt"] = {"bytes": len(buf.getvalue()), "sha256": hashlib.sha256(buf.getvalue()).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    status, err = cli(capsys, **run_kw(data, out))
+    assert not marker.exists()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert "step 8" in err and "rank0000.pt" in err and "could run code" in err, err
+    assert folder.exists()  # kept where it was, for whoever investigates
+
+
 def test_a_run_of_another_configuration_is_refused(run, data, capsys):
     out, want, _ = run
     status, err = cli(capsys, **run_kw(data, out, comm="fp4quant", lr=0.1, steps=12))
