@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .corpus import PrepareError
+
 
 class ByteTokenizer:
     """UTF-8 bytes as tokens: vocabulary 256, nothing to download, exactly invertible."""
@@ -29,7 +31,10 @@ class HFTokenizer:
             from tokenizers import Tokenizer
         except ImportError as exc:  # pragma: no cover - tokenizers comes with transformers
             raise ImportError("reading a Hugging Face tokenizer needs the `tokenizers` package") from exc
-        self._tok = Tokenizer.from_file(str(path))
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust library raises a bare Exception for a file it cannot parse
+            raise PrepareError(f"{path} is not a Hugging Face tokenizer ({exc})") from None
         self.name = str(Path(folder).resolve())
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 

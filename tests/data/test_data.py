@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -85,15 +86,23 @@ def test_missing_or_damaged_folder_is_explained(tmp_path, shakespeare):
             TokenDataset(tmp_path)
 
 
+def write_folder(folder, meta: dict, ids: np.ndarray) -> None:
+    """A prepared folder made by hand: ``ids`` as stored, meta.json stating their dtype, length and checksum."""
+    data = ids.tobytes()
+    (folder / "tokens.bin").write_bytes(data)
+    (folder / "meta.json").write_text(json.dumps({**meta, "dtype": ids.dtype.name, "n_tokens": ids.size,
+                                                  "n_train": ids.size - 500,
+                                                  "tokens_sha256": hashlib.sha256(data).hexdigest()}))
+
+
 def test_token_ids_are_checked_against_the_vocabulary(tmp_path, shakespeare):
     meta = json.loads((shakespeare / "meta.json").read_text())
     n = 50_000
-    (tmp_path / "meta.json").write_text(json.dumps({**meta, "n_tokens": n, "n_train": n - 500}))
     ids = np.random.default_rng(0).integers(0, 256, n).astype(np.uint16)
-    (tmp_path / "tokens.bin").write_bytes(ids.tobytes())
+    write_folder(tmp_path, meta, ids)
     assert TokenDataset(tmp_path).vocab_size == 256
     ids[n // 2] = 256  # one id past the vocabulary
-    (tmp_path / "tokens.bin").write_bytes(ids.tobytes())
+    write_folder(tmp_path, meta, ids)
     with pytest.raises(DataError, match="holds token id 256, outside the vocabulary of 256"):
         TokenDataset(tmp_path)
 
