@@ -1,7 +1,8 @@
 """`python -m fp4quant.analysis collect|throughput|ablation|figure|table|freeze ...`: the workflow's analysis steps.
 
 Each step first checks that its inputs come from one machine, commit and torch version
-(.origin) and refuses a mix in one line; `freeze` copies a complete run into a reference folder.
+(.origin), and that the training runs it puts side by side are complete and belong together
+(.comparable), and refuses otherwise in one line; `freeze` copies a complete run into a reference folder.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pandas as pd
 
 from ..provenance import atomic_write_csv, atomic_write_text
 from . import collect, figures, regime, study, tables, tradeoff
+from .comparable import Incomparable, check_complete, check_runs
 from .figures import FIGURES, STUDY_FIGURES
 from .freeze import freeze
 from .origin import MixedOrigin, check_same_origin
@@ -41,9 +43,18 @@ def run_inputs(runs: list[str]) -> list[Path]:
             if p.name == "summary.json" or p.exists()]
 
 
+def check_run_set(runs: list[str], *others) -> None:
+    """Training runs compared in one table, and the other inputs of a step: runs that are complete
+    (first: a missing summary would otherwise be reported as an input without an origin), one
+    origin, and runs that belong together."""
+    check_complete(runs)
+    check_same_origin([*run_inputs(runs), *others])
+    check_runs(runs)
+
+
 def cmd_collect(a) -> None:
-    check_same_origin([*run_inputs(a.runs), a.error, a.kernels, a.collectives,
-                       *([a.cluster_collectives] if a.cluster_collectives else [])])
+    check_run_set(a.runs, a.error, a.kernels, a.collectives,
+                  *([a.cluster_collectives] if a.cluster_collectives else []))
     out = Path(a.out_dir)
     runs = collect.training(a.runs, a.profile)
     _write(runs, out / "training.csv")
@@ -61,14 +72,14 @@ def cmd_collect(a) -> None:
 
 
 def cmd_throughput(a) -> None:
-    check_same_origin(run_inputs(a.runs))
+    check_run_set(a.runs)
     _write(regime.throughput(a.runs, a.profile, a.warmup), Path(a.out))
     if a.breakdown_out:  # the same steps split by the trainer's timers
         _write(collect.breakdown(a.runs, a.profile, a.warmup), Path(a.breakdown_out))
 
 
 def cmd_ablation(a) -> None:
-    check_same_origin([*run_inputs(a.runs), a.error, a.kernels])
+    check_run_set(a.runs, a.error, a.kernels)
     runs = collect.training(a.runs, a.profile)
     df = collect.ablation(a.name, collect.benchmark(a.error, a.profile), collect.benchmark(a.kernels, a.profile), runs)
     _write(df, Path(a.out))
@@ -77,7 +88,7 @@ def cmd_ablation(a) -> None:
 def cmd_study(a) -> None:
     """The convergence study's results: its runs (convergence.csv), their summary (CSV and
     Markdown), and, in their own folder, the training and curves tables the convergence figure reads."""
-    check_same_origin(run_inputs(a.runs))
+    check_run_set(a.runs)
     out = Path(a.out_dir)
     conv = study.runs(a.runs, a.profile)
     table = study.summary(conv, a.order)
@@ -203,7 +214,7 @@ def main(argv=None) -> int:
         else:
             {"collect": cmd_collect, "throughput": cmd_throughput, "ablation": cmd_ablation, "study": cmd_study,
              "figure": cmd_figure, "table": cmd_table}[a.command](a)
-    except (MixedOrigin, FileNotFoundError, FileExistsError, ValueError, study.StudyError) as exc:
+    except (MixedOrigin, Incomparable, FileNotFoundError, FileExistsError, ValueError, study.StudyError) as exc:
         print(f"fp4quant.analysis: error: {exc}", file=sys.stderr)
         return 2
     return 0

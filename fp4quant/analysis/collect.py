@@ -21,7 +21,7 @@ def training(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
         rows.append({
             "network": network(d),
             "profile": profile, "run": str(d), "model": cfg["model"], "comm": cfg["comm"],
-            "compute": cfg.get("compute", "exact"), "series": series(cfg), "compress": cfg["compress"],
+            "compute": cfg.get("compute", "exact"), "series": series(s), "compress": cfg["compress"],
             "seed": cfg["seed"], "tp": s["mesh"]["tp"], "dp": s["mesh"]["dp"], "world": s["mesh"]["world"],
             "backend": s["mesh"]["backend"], "device": s["mesh"]["device"], "steps": s["steps"],
             "seq_len": cfg["seq_len"], "batch_size": cfg["batch_size"],
@@ -38,9 +38,14 @@ def training(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
     return df.sort_values(["series", "seed"]).reset_index(drop=True)
 
 
-def series(cfg: dict) -> str:
+def series(summary: dict) -> str:
     """What a run is compared as: its TP communication, the directions it compresses where not
-    both, and its compute where not exact (fp4quant.train.config.run_name, e.g. fp4quant@fwd)."""
+    both, and its compute where not exact (fp4quant.train.config.run_name, e.g. fp4quant@fwd) --
+    as the trainer labelled it by what its wire carried (exact at TP = 1, whatever --comm said)."""
+    label = (summary.get("comm") or {}).get("label")
+    if label:
+        return label
+    cfg = summary["provenance"]["config"]  # a summary written before runs were labelled
     return run_name(cfg["comm"], cfg.get("compress", "both"), cfg.get("compute", "exact"))
 
 
@@ -70,11 +75,12 @@ def curves(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
     """Every logged step of every run: the loss curves."""
     frames = []
     for d in map(Path, run_dirs):
-        prov = json.loads((d / "summary.json").read_text())["provenance"]
+        summary = json.loads((d / "summary.json").read_text())
+        prov = summary["provenance"]
         cfg = prov["config"]
         log = pd.read_json(d / "log.jsonl", lines=True)
         log = log[["step", "loss", "lr", "tokens_per_s", "step_time_s"]].assign(
-            profile=profile, comm=cfg["comm"], series=series(cfg), seed=cfg["seed"], model=cfg["model"], run=str(d),
+            profile=profile, comm=cfg["comm"], series=series(summary), seed=cfg["seed"], model=cfg["model"], run=str(d),
             **{k: prov[k] for k in PROVENANCE_COLUMNS})
         frames.append(log)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -133,7 +139,8 @@ def breakdown(run_dirs: list[str | Path], profile: str, warmup: int) -> pd.DataF
     (written before them) have no rows."""
     rows = []
     for d in map(Path, run_dirs):
-        prov = json.loads((d / "summary.json").read_text())["provenance"]
+        summary = json.loads((d / "summary.json").read_text())
+        prov = summary["provenance"]
         cfg = prov["config"]
         log = [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines() if line.strip()]
         if not log or "fwd_codec_s" not in log[0]:
@@ -143,7 +150,7 @@ def breakdown(run_dirs: list[str | Path], profile: str, warmup: int) -> pd.DataF
             seconds = {"quantize": part["quantize"], "dequantize": part["dequantize"], "wire": part["comm"],
                        "compute": r["step_time_s"] - part["quantize"] - part["dequantize"] - part["comm"]}
             for name in BREAKDOWN_PARTS:
-                rows.append({"profile": profile, "run": str(d), "series": series(cfg), "comm": cfg["comm"],
+                rows.append({"profile": profile, "run": str(d), "series": series(summary), "comm": cfg["comm"],
                              "seed": cfg["seed"], "model": cfg["model"], "network": network(d), "step": r["step"],
                              "part": name, "seconds": seconds[name], **{k: prov[k] for k in PROVENANCE_COLUMNS}})
     return pd.DataFrame(rows)

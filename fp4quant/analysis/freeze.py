@@ -5,16 +5,19 @@
 copies data/<profile>/ (without token files and checkpoints), the figures and the LaTeX
 tables into <to>/data/<profile>/, <to>/figures/, <to>/tables/, and writes <to>/README.md
 saying what produced them.  It refuses a run whose results, figures and tables do not all
-come from one machine, commit and torch (see .origin), or whose figures and tables were made
-for another profile or are missing.
+come from one machine, commit and torch (see .origin), whose figures and tables were made
+for another profile or are missing, with a training run that is not complete, or with a
+table comparing runs that do not belong together (see .comparable).
 """
 
 from __future__ import annotations
 
+import csv
 import shutil
 import time
 from pathlib import Path
 
+from .comparable import RUN_FILES, Incomparable, check_complete, check_runs
 from .figures import FIGURES
 from .origin import MixedOrigin, check_same_origin, read_stamp
 from .tables import TABLES
@@ -26,12 +29,53 @@ SKIPPED_FILES = {"workflow_job.json"}
 # files whose text may name the run's folder (logs, JUnit XML, build records): frozen with that
 # folder's absolute path made relative to it, so a reference names no machine's paths
 TEXT_SUFFIXES = {".log", ".xml", ".json", ".jsonl", ".txt", ".csv", ".md"}
+# what marks a folder as a training run's: the trainer's files (written as it starts, trains and
+# ends), the workflow's resume key and the cluster record written beside them
+RUN_MARKS = (*RUN_FILES, "checkpoints", "workflow_job.json", "cluster.json")
+# the result tables that compare training runs side by side, naming each in their run column
+# (written by the analysis steps collect, throughput and study, which checked them as they wrote them)
+COMPARED_TABLES = {"training.csv", "curves.csv", "throughput.csv", "breakdown.csv", "convergence.csv"}
 
 
 def run_files(data: Path) -> list[Path]:
     """The files of one profile's run worth keeping (not token files, checkpoints, temporaries)."""
     return sorted(p for p in data.rglob("*") if p.is_file() and not SKIPPED_DIRS & set(p.relative_to(data).parts)
                   and p.name not in SKIPPED_FILES and not p.name.startswith(".") and not p.name.endswith(".tmp"))
+
+
+def training_runs(data: Path) -> list[Path]:
+    """The folders under ``data`` that a training run wrote into (any of RUN_MARKS)."""
+    return sorted({p.parent for name in RUN_MARKS for p in data.rglob(name)
+                   if not SKIPPED_DIRS & set(p.parent.relative_to(data).parts)})
+
+
+def compared_runs(data: Path) -> dict[Path, list[Path]]:
+    """The runs each of the results' COMPARED_TABLES names (a run named relative to the folder the
+    workflow ran in: the one above ``data``'s parent, as the workflow names them)."""
+    root = data.resolve().parent.parent
+    found = {}
+    for table in sorted(p for p in (data / "results").rglob("*.csv") if p.name in COMPARED_TABLES):
+        with open(table, newline="") as f:
+            named = list(dict.fromkeys(row["run"] for row in csv.DictReader(f) if row.get("run")))
+        runs = [root / r for r in named]  # an absolute run stays as it is
+        outside = [r for r, p in zip(named, runs) if not p.resolve().is_relative_to(data.resolve())]
+        if outside:  # the reference would hold a table of runs it does not hold
+            raise FileNotFoundError(f"{table} compares run {outside[0]}, which is not in {data}: "
+                                    "freeze the data folder the workflow ran in")
+        found[table] = runs
+    return found
+
+
+def check_training_runs(data: Path) -> None:
+    """Every training run under ``data``, or named by a table of its results, is complete, and the
+    runs each table compares belong together (.comparable); one line naming the problem."""
+    tables = compared_runs(data)
+    check_complete(sorted({*training_runs(data), *(r for runs in tables.values() for r in runs)}))
+    for table, runs in tables.items():
+        try:
+            check_runs(runs)
+        except Incomparable as exc:  # which table compares them
+            raise Incomparable(f"{table}: {exc}") from None
 
 
 def made_from_run(figures: Path, tables: Path, data: Path) -> list[Path]:
@@ -69,6 +113,7 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
                               f"not {profile}; rerun the workflow for {profile} before freezing")
     origin = check_same_origin([p for p in files if p.suffix in (".csv", ".json") and not p.name.endswith(".meta.json")
                                 and p.name != "meta.json"] + made)
+    check_training_runs(src)
     root = f"{src.resolve().parent.parent}/"  # the folder the run ran in (data/<profile> below it)
     for p in files:
         target = dest / "data" / profile / p.relative_to(src)

@@ -10,7 +10,11 @@ run of one machine or commit beside a benchmark of another.
 Hardware is compared per kind: CPU descriptions with CPU descriptions, GPU names with GPU
 names (a GPU profile's codec-error benchmark legitimately runs on the host's CPU).  Only
 descriptions of a machine that measured something count (fp4quant.provenance.hardware:
-"<cpu>, <n> cores (CPU)" or "<gpu> (<n> visible)"); a projection's "H100 (assumed)" is not one.
+"<cpu>, <n> cores (CPU)" or "<gpu> (<n> visible)"); a projection's modelled machine
+(fp4quant.perfmodel.machines: "H100 (assumed)", "H100 (codec measured on a GPU)") is not one.
+A description of neither kind is refused, naming it: it was not written by either, so the
+machine it stands for cannot be compared, and skipping it would let a result of another
+machine through unchecked.
 """
 
 from __future__ import annotations
@@ -98,11 +102,19 @@ def _csv_records(p: Path) -> list[Record] | None:
 
 CPU_HARDWARE = re.compile(r", \d+ cores \(CPU\)$")
 GPU_HARDWARE = re.compile(r" \(\d+ visible\)$")
+# the step model's machines (fp4quant.perfmodel.machines.h100: its figures assumed, or its codec
+# rate taken from a GPU benchmark, which records its own hardware)
+PROJECTED_HARDWARE = re.compile(r"^.+ \((assumed|codec measured on a GPU)\)$")
 
 
 def hardware_kind(hardware: str) -> str | None:
-    """'cpu', 'gpu', or None for a description that fp4quant.provenance.hardware did not write."""
-    return "cpu" if CPU_HARDWARE.search(hardware) else "gpu" if GPU_HARDWARE.search(hardware) else None
+    """'cpu' or 'gpu' (a machine that measured, fp4quant.provenance.hardware), 'projected' (the
+    step model's machine), or None for a description that neither wrote."""
+    if CPU_HARDWARE.search(hardware):
+        return "cpu"
+    if GPU_HARDWARE.search(hardware):
+        return "gpu"
+    return "projected" if PROJECTED_HARDWARE.search(hardware) else None
 
 
 def _comparable(key: str, value: str) -> str:
@@ -128,6 +140,10 @@ def check_same_origin(paths: Iterable[str | Path]) -> dict:
             for k in KEYS:
                 scope = (k, hardware_kind(origin[k]) if k == "hardware" else "")
                 if scope[1] is None:
+                    raise MixedOrigin(f"{where} records hardware {origin[k]!r}, which is neither a machine's "
+                                      "(\"<cpu>, <n> cores (CPU)\" or \"<gpu> (<n> visible)\") nor the step model's "
+                                      f"(\"H100 (assumed)\"), so its origin cannot be checked; {FIX}")
+                if scope[1] == "projected":  # no machine measured it: nothing to compare
                     continue
                 seen = first.setdefault(scope, (where, origin))
                 if _comparable(k, seen[1][k]) != _comparable(k, origin[k]):

@@ -69,11 +69,11 @@ def runs(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
             raise StudyError(f"{d}: a validation batch's loss is not finite")
         sent = s["fwd_bytes_sent"] + s["bwd_bytes_sent"]  # measured, beside the format's nominal bits
         rows.append({
-            "config": series(cfg), "seed": cfg["seed"], "steps": s["steps"],
+            "config": series(s), "seed": cfg["seed"], "steps": s["steps"],
             "tokens": s["steps"] * cfg["seq_len"] * cfg["batch_size"] * s["mesh"]["dp"],
             "final_val_loss": s["val_loss"], "val_se": standard_error(batches), "val_batches": len(batches),
             "final_train_loss": s["final_loss"],
-            "wire_bits_per_value": wire_bits_per_value(series(cfg), s["mesh"]["device"]),
+            "wire_bits_per_value": wire_bits_per_value(series(s), s["mesh"]["device"]),
             "bytes_sent": sent,
             "tokens_per_s": s["tokens_per_s"], "model": cfg["model"], "profile": profile, "run": str(d),
             "val_batch_losses": json.dumps(batches),

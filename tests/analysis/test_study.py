@@ -18,12 +18,13 @@ from fp4quant.train.config import ConfigError, parse_run_name, run_name
 PROV = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "abc123", "torch": "2.13.0+cpu"}
 
 
-def write_run(folder, comm, seed, batches, compress="both", steps=40):
-    """A run folder as the trainer writes it, with the validation losses ``batches``."""
+def write_run(folder, comm, seed, batches, compress="both", steps=40, **config):
+    """A run folder as the trainer writes it, with the validation losses ``batches`` (``config``:
+    the trainer's options that differ from the study's)."""
     folder.mkdir(parents=True)
     uncompressed = sent = 4_000_000
     cfg = {"model": "small", "comm": comm, "compress": compress, "compute": "exact", "seed": seed, "seq_len": 16,
-           "batch_size": 2}
+           "batch_size": 2, "steps": steps, **config}
     summary = {"provenance": {**PROV, "config": cfg}, "mesh": {"tp": 2, "dp": 1, "world": 2, "backend": "gloo",
                                                                  "device": "cpu"},
                "steps": steps, "final_loss": float(np.mean(batches)) + 0.05, "val_loss": float(np.mean(batches)),
@@ -170,3 +171,90 @@ def test_run_names_round_trip_and_refuse_what_changes_nothing():
                        ("fp8x", "not a TP communication preset"), ("fp4quant+fast", "must be a compute")):
         with pytest.raises(ConfigError, match=words):
             parse_run_name(bad)
+
+
+def edit_summary(folder, **changes):
+    """Change a run's summary.json: top-level entries, or its configuration's (``config={...}``)."""
+    s = json.loads((folder / "summary.json").read_text())
+    s["provenance"]["config"].update(changes.pop("config", {}))
+    s.update(changes)
+    (folder / "summary.json").write_text(json.dumps(s))
+
+
+def study_cli(dirs, tmp_path):
+    return analysis_main(["study", "--profile", "study", "--runs", *map(str, dirs), "--out-dir", str(tmp_path / "o"),
+                          "--tables-dir", str(tmp_path / "t")])
+
+
+def test_runs_that_do_not_belong_together_are_refused_in_one_line(tmp_path, capsys):
+    # a short BF16 run of a transformers model beside a longer fp4quant run of the preset: no paired gap
+    base = [2.0, 2.1, 2.2]
+    dirs = [write_run(tmp_path / "bf16/seed0", "bf16", 0, base, steps=30, model="hf:/models/qwen/config.json"),
+            write_run(tmp_path / "fp4quant/seed0", "fp4quant", 0, [x - 0.12 for x in base], steps=60, model="tiny")]
+    assert study_cli(dirs, tmp_path) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"runs differ in model: hf:/models/qwen/config.json (run {dirs[0]}) vs tiny (run {dirs[1]})" in err
+    assert "also differ in steps" in err and "may differ only in comm, compress, compute, seed" in err
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
+@pytest.mark.parametrize("field, change", [
+    ("steps", {"steps": 80}),  # trained longer: the summary's steps
+    ("seq_len", {"config": {"seq_len": 32}}), ("batch_size", {"config": {"batch_size": 4}}),
+    ("lr", {"config": {"lr": 1e-2}}), ("eval_batches", {"config": {"eval_batches": 4}}),
+    ("algorithm", {"config": {"algorithm": "ring"}}),
+    ("stochastic_backward", {"config": {"stochastic_backward": False}}),
+    ("data", {"config": {"data": "data/other/tokens"}}),
+    ("mesh.tp", {"mesh": {"tp": 4, "dp": 1, "world": 4, "backend": "gloo", "device": "cpu"}}),
+    ("mesh.dp", {"mesh": {"tp": 2, "dp": 2, "world": 4, "backend": "gloo", "device": "cpu"}}),
+    ("mesh.device", {"mesh": {"tp": 2, "dp": 1, "world": 2, "backend": "nccl", "device": "cuda"}}),
+    ("architecture.hidden_size", {"model": {"hidden_size": 512}}),
+    ("lr_schedule", {"lr_schedule": [{"from_step": 0, "steps": 20}, {"from_step": 20, "steps": 40}]}),  # extended
+])
+def test_each_field_that_makes_runs_incomparable_is_named(runs, tmp_path, capsys, field, change):
+    dirs, _, _ = runs
+    for d in dirs:  # what the trainer records of every run
+        edit_summary(d, model={"hidden_size": 256}, lr_schedule=[{"from_step": 0, "steps": 40}])
+    edit_summary(dirs[-1], **change)
+    assert study_cli(dirs, tmp_path) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"runs differ in {field}: " in err and f"(run {dirs[-1]})" in err
+    assert f"(runs {dirs[0]}, {dirs[1]}, {dirs[2]} and {len(dirs) - 4} more)" in err  # the rest, counted
+
+
+def test_what_a_study_varies_and_bookkeeping_may_differ(runs, tmp_path):
+    dirs, _, _ = runs  # comm, compress and seed already differ
+    edit_summary(dirs[0], config={"out": "elsewhere", "checkpoint_every": 7, "keep_checkpoints": 1, "device": "auto",
+                                  "validate_every_step": True, "sync_timing": True, "capture_traffic_steps": "1"})
+    edit_summary(dirs[1], config={"compute": "quartet"})
+    assert study_cli(dirs, tmp_path) == 0
+
+
+def test_the_data_is_compared_by_its_checksum_where_every_run_records_one(runs, tmp_path, capsys):
+    dirs, _, _ = runs
+    for i, d in enumerate(dirs):  # the same tokens, prepared in two folders
+        edit_summary(d, data_sha256="a" * 64, config={"data": f"data/copy{i % 2}/tokens"})
+    assert study_cli(dirs, tmp_path) == 0
+    edit_summary(dirs[-1], data_sha256="b" * 64)
+    assert study_cli(dirs, tmp_path) == 2
+    assert "runs differ in data_sha256: " + "a" * 64 in capsys.readouterr().err
+
+
+def test_an_incomplete_run_is_refused(runs, tmp_path, capsys):
+    dirs, _, _ = runs
+    (dirs[1] / "log.jsonl").unlink()
+    assert study_cli(dirs, tmp_path) == 2
+    assert f"{dirs[1]}: log.jsonl missing: the training run is not complete" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused before anything is written
+    (dirs[1] / "summary.json").unlink()
+    assert study_cli(dirs, tmp_path) == 2
+    assert f"{dirs[1]}: summary.json and log.jsonl missing" in capsys.readouterr().err
+
+
+def test_the_throughput_step_refuses_runs_that_do_not_belong_together(tmp_path, capsys):
+    dirs = [write_run(tmp_path / f"{c}/seed0", c, 0, [2.0, 2.1], seq_len=s)
+            for c, s in (("bf16", 16), ("fp4quant", 64))]
+    assert analysis_main(["throughput", "--profile", "cpu", "--runs", *map(str, dirs), "--warmup", "1",
+                          "--out", str(tmp_path / "throughput.csv")]) == 2
+    assert "runs differ in seq_len: 16 (run" in capsys.readouterr().err and not (tmp_path / "throughput.csv").exists()
