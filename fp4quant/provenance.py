@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import io
 import json
 import os
 import platform
+import secrets
 import socket
+import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -27,18 +29,57 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def _git(*args: str) -> bytes:
+    # --no-optional-locks: reading provenance never writes the index (others may be using it)
+    return subprocess.run(["git", "--no-optional-locks", *args], cwd=REPO_ROOT, capture_output=True,
+                          timeout=10, check=True).stdout
+
+
+def uncommitted_digest() -> str | None:
+    """A digest of the source tree's uncommitted state: every path that differs from HEAD (tracked
+    files changed, added or deleted, untracked files git does not ignore) with its content and
+    executable bit; None for a clean tree.  Content, not `git diff`'s text, so that it does not
+    depend on the diff's configuration: the same edit gives the same digest on any machine."""
+    status = _git("status", "--porcelain", "-z", "--no-renames", "--untracked-files=all", "--ignore-submodules=none")
+    paths = sorted({entry[3:] for entry in status.split(b"\0") if entry})
+    if not paths:
+        return None
+    top = Path(_git("rev-parse", "--show-toplevel").decode().strip())  # porcelain paths are relative to it
+    digest = hashlib.sha256()
+    for rel in paths:
+        digest.update(rel + b"\0" + _state(top / os.fsdecode(rel)) + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _state(path: Path) -> bytes:
+    """What git would record of ``path``: a file's executable bit and content, a link's target."""
+    try:
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            return b"link " + os.fsencode(os.readlink(path))
+        if not stat.S_ISREG(st.st_mode):
+            return b"folder"  # a submodule (its own commit is not followed)
+        content = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                content.update(block)
+        return (b"x " if st.st_mode & 0o100 else b"f ") + content.hexdigest().encode()
+    except FileNotFoundError:
+        return b"deleted"
+    except OSError as exc:  # unreadable: still a state of its own, never a failure of provenance
+        return f"unreadable {exc.errno}".encode()
+
+
 @lru_cache(maxsize=1)
 def git_commit() -> str:
-    """The commit of the source tree ('+dirty' when it has uncommitted changes), or 'unknown'."""
+    """The commit of the source tree, or 'unknown' outside git (FP4QUANT_COMMIT if set).  A tree
+    with uncommitted changes is '<commit>+dirty.<digest>' (uncommitted_digest): two different
+    edits of the same commit are two provenances; the '+dirty' prefix is kept for readers of
+    the old '<commit>+dirty'."""
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=10,
-        ).stdout.strip()
-        return commit + ("+dirty" if dirty else "")
+        commit = _git("rev-parse", "HEAD").decode().strip()
+        dirty = uncommitted_digest()
+        return commit + (f"+dirty.{dirty}" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("FP4QUANT_COMMIT", "unknown")
 
@@ -81,13 +122,21 @@ def provenance(device: str | torch.device | None = None, **extra: Any) -> dict[s
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # Created by os.open with mode 0o666, as open(path, "w") creates a file: the kernel applies
+    # the umask (or a folder's default ACL), so the result has the permissions any other file
+    # written here would have -- unlike mkstemp's 0600, and with no umask read and restored.
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be read
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 import torch
@@ -24,7 +25,29 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     prov.atomic_write_json(path, {"x": 2})
     assert json.loads(path.read_text()) == {"x": 2}
     assert sorted(os.listdir(path.parent)) == ["r.json"]  # no temp files left
-    assert oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+@pytest.fixture
+def umask():
+    """Set the process's umask for one test (restored after it)."""
+    old = os.umask(0o022)
+    yield os.umask
+    os.umask(old)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o027, 0o640), (0o022, 0o644), (0o077, 0o600)])
+def test_atomic_writes_take_the_mode_open_would_give(tmp_path, umask, mask, mode):
+    umask(mask)
+    writes = {"bytes": lambda p: prov.atomic_write_bytes(p, b"x"), "text": lambda p: prov.atomic_write_text(p, "x"),
+              "json": lambda p: prov.atomic_write_json(p, {"x": 1}),
+              "csv": lambda p: prov.atomic_write_csv(p, [{"x": 1}])}
+    for name, write in writes.items():
+        write(tmp_path / name)
+        write(tmp_path / name)  # replacing a file too
+        assert oct((tmp_path / name).stat().st_mode & 0o777) == oct(mode), name
+        with open(tmp_path / f"plain_{name}", "w"):
+            pass
+        assert (tmp_path / f"plain_{name}").stat().st_mode & 0o777 == mode  # what open() gives
 
 
 def test_failed_write_leaves_old_content_and_no_temp(tmp_path):
@@ -44,3 +67,61 @@ def test_failed_write_leaves_old_content_and_no_temp(tmp_path):
 def test_csv_columns_are_the_union_of_keys(tmp_path):
     path = prov.atomic_write_csv(tmp_path / "r.csv", [{"a": 1}, {"b": 2, "a": 3}])
     assert path.read_text() == "a,b\n1,\n3,2\n"
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false",
+                           *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A git repository of one commit, as the source tree provenance describes."""
+    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / ".gitignore").write_text("out/\n")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-q", "-m", "one")
+    monkeypatch.setattr(prov, "REPO_ROOT", tmp_path)
+    return tmp_path
+
+
+def commit() -> str:
+    return prov.git_commit.__wrapped__()  # uncached: the tree changes within a test
+
+
+def test_a_clean_tree_is_its_commit(repo):
+    assert commit() == git(repo, "rev-parse", "HEAD") and prov.uncommitted_digest() is None
+    (repo / "out").mkdir()
+    (repo / "out" / "result.csv").write_text("a\n1\n")  # ignored: no change of the source
+    assert commit() == git(repo, "rev-parse", "HEAD")
+
+
+def test_two_uncommitted_edits_are_two_provenances(repo):
+    head = git(repo, "rev-parse", "HEAD")
+    (repo / "code.py").write_text("x = 2\n")
+    first = commit()
+    (repo / "code.py").write_text("x = 3\n")
+    second = commit()
+    assert first.startswith(head + "+dirty.") and second.startswith(head + "+dirty.") and first != second
+    (repo / "code.py").write_text("x = 2\n")
+    assert commit() == first  # the same edit, the same provenance
+    git(repo, "add", "code.py")
+    assert commit() == first  # staged or not
+    (repo / "new.py").write_text("y = 1\n")  # an untracked source file is part of the tree
+    with_new = commit()
+    (repo / "new.py").write_text("y = 2\n")
+    assert len({first, with_new, commit()}) == 3
+    (repo / "new.py").unlink()
+    (repo / "code.py").unlink()  # a deletion is an edit too
+    assert commit() not in {first, with_new} and commit().startswith(head + "+dirty.")
+
+
+def test_without_git_provenance_falls_back(repo, monkeypatch):
+    monkeypatch.setenv("PATH", str(repo / "no-bin"))
+    monkeypatch.setenv("FP4QUANT_COMMIT", "abc123")
+    assert commit() == "abc123"
+    monkeypatch.delenv("FP4QUANT_COMMIT")
+    assert commit() == "unknown"

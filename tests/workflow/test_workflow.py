@@ -169,3 +169,39 @@ def test_launched_ranks_see_their_share_of_threads(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [(tmp_path / f"rank{i}.txt").read_text() for i in range(2)] == ["2", "2"]
+
+
+def test_a_killed_launcher_takes_torchrun_and_its_ranks_with_it(tmp_path):
+    """SIGKILL of launch.py alone: torchrun and both ranks stop within seconds, nothing keeps
+    training into the run folder."""
+    import signal
+    import time
+
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os, time\nrank = os.environ['LOCAL_RANK']\n"
+                     "open(f'pid{rank}.txt', 'w').write(str(os.getpid()))\nwhile True:\n    time.sleep(0.1)\n")
+    launcher = subprocess.Popen([sys.executable, str(REPO / "workflow/scripts/launch.py"), "--kind", "torchrun",
+                                 "--nproc-per-node", "2", "--", str(probe)], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    files = [tmp_path / f"pid{r}.txt" for r in range(2)]
+    deadline = time.monotonic() + 120
+    while not all(f.exists() and f.read_text() for f in files):
+        assert time.monotonic() < deadline and launcher.poll() is None, "the ranks never started"
+        time.sleep(0.1)
+    ranks = [int(f.read_text()) for f in files]
+
+    def alive(pid):
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in ranks if alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, "ranks outlived their launcher"

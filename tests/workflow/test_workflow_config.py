@@ -85,6 +85,15 @@ def test_the_shipped_configurations_pass():
      "cluster.throughput.warmup_steps: 2 leaves none of the 2 steps to measure"),
     (lambda c: c["cluster"]["throughput"].update(comms=["bf61"]),
      "cluster.throughput.comms[0]: 'bf61' is not a TP communication preset (did you mean bf16?)"),
+    (lambda c: c["cluster"].update(validation={"comms": ["fp4quant", "bf16; touch INJECTED"]}),
+     "cluster.validation.comms[1]: 'bf16; touch INJECTED' is not a TP communication preset"),
+    # a model names the run folders: a preset or a folder's path, nothing a shell would read
+    (lambda c: c["train"].update(model="tiny; touch INJECTED2"), "train.model must match "),
+    (lambda c: c["train"].update(model="-tiny"), "train.model must match "),
+    (lambda c: c["bench"].update(traffic_model="$(touch INJECTED)"), "bench.traffic_model must match "),
+    (lambda c: c["launcher"].update(kind="nodelist", nodes=["-oProxyCommand=touch INJECTED"]),
+     "launcher.nodes[0] must match "),
+    (lambda c: c["tests"].update(args="-k 'not slow"), "tests.args: No closing quotation in \"-k 'not slow\""),
 ])
 def test_a_mistake_is_one_line_naming_the_key(change, message):
     assert error_of(with_change(change)).startswith(message)

@@ -11,11 +11,11 @@ rule error_benchmark:
         f"{OUT}/logs/error_benchmark.log",
     params:
         # what the configuration leaves out takes the benchmark's own defaults (--numel, --seeds)
-        sizes=("--numel 65536 --seeds 1" if QUICK else " ".join(
-            f"--{flag} {config['bench'][key]}" for key, flag in (("error_numel", "numel"), ("error_seeds", "seeds"))
-            if config["bench"].get(key) is not None)),
+        sizes=("--numel 65536 --seeds 1" if QUICK else q(
+            [word for key, flag in (("error_numel", "numel"), ("error_seeds", "seeds"))
+             if config["bench"].get(key) is not None for word in (f"--{flag}", config["bench"][key])])),
     shell:
-        "{PY} -m fp4quant.bench.error --out {output.csv} {params.sizes} 2> {log}"
+        "{PY:q} -m fp4quant.bench.error --out {output.csv:q} {params.sizes} 2> {log:q}"
 
 
 rule kernel_benchmark:
@@ -28,10 +28,11 @@ rule kernel_benchmark:
     params:
         device=config["bench"]["kernels_device"],
         quick="--quick" if QUICK else "",
-        max_mib=f"--max-mib {config['bench']['kernels_max_mib']}" if config["bench"].get("kernels_max_mib") else "",
+        max_mib=q("--max-mib", config["bench"]["kernels_max_mib"]) if config["bench"].get("kernels_max_mib") else "",
     threads: workflow.cores
     shell:
-        "{PY} -m fp4quant.bench.kernels --device {params.device} --out {output.csv} {params.quick} {params.max_mib} 2> {log}"
+        "{PY:q} -m fp4quant.bench.kernels --device {params.device:q} --out {output.csv:q} {params.quick}"
+        " {params.max_mib} 2> {log:q}"
 
 
 rule collective_benchmark:
@@ -44,9 +45,10 @@ rule collective_benchmark:
     params:
         launch=launcher(config["bench"].get("collectives_nproc", 2)),
         quick="--quick" if QUICK else "",
-        presets=("--presets " + " ".join(config["bench"]["collective_presets"])) if config["bench"].get("collective_presets") else "",
-        sizes=("--sizes " + " ".join(map(str, config["bench"]["collective_sizes"]))) if config["bench"].get("collective_sizes") else "",
+        presets=q("--presets", config["bench"]["collective_presets"])
+        if config["bench"].get("collective_presets") else "",
+        sizes=q("--sizes", config["bench"]["collective_sizes"]) if config["bench"].get("collective_sizes") else "",
     threads: workflow.cores
     shell:
-        "{params.launch} -m fp4quant.bench.collectives --out {output.csv} {params.quick} {params.presets} {params.sizes}"
-        " > {log} 2>&1"
+        "{params.launch} -m fp4quant.bench.collectives --out {output.csv:q} {params.quick} {params.presets}"
+        " {params.sizes} > {log:q} 2>&1"

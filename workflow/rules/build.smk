@@ -3,7 +3,7 @@
 # the unit tests, with their JUnit XML kept.
 
 BUILD = "true" if config.get("build", {}).get("mode", "install") == "check" else \
-    f"{PY} -m pip install --no-build-isolation --no-deps -q -e {BASE}"
+    q(PY, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-q", "-e", BASE)
 
 
 rule build_extension:
@@ -15,8 +15,9 @@ rule build_extension:
     params:
         provenance=PROVENANCE_KEY,  # a new commit, torch or machine reruns everything after this rule
     shell:
-        "({BUILD} && cd {BASE} && {PY} workflow/scripts/cuda_compile_check.py $OLDPWD/{output.cuda} && cd $OLDPWD"
-        " && {PY} -m fp4quant.info --json > {output.info}.tmp && mv {output.info}.tmp {output.info}) > {log} 2>&1"
+        "({BUILD} && cd {BASE:q} && {PY:q} workflow/scripts/cuda_compile_check.py \"$OLDPWD\"/{output.cuda:q}"
+        " && cd \"$OLDPWD\" && {PY:q} -m fp4quant.info --json > {output.info:q}.tmp"
+        " && mv {output.info:q}.tmp {output.info:q}) > {log:q} 2>&1"
 
 
 rule unit_tests:
@@ -27,8 +28,9 @@ rule unit_tests:
     log:
         f"{OUT}/logs/unit_tests.log",
     params:
-        args=config["tests"].get("args", "-q"),
+        # pytest's words as the shell would split them, each then quoted: no shell syntax gets through
+        args=q(shlex.split(config["tests"].get("args", "-q"))),
     threads: workflow.cores
     shell:
-        "(cd {BASE} && {PY} -m pytest {params.args} --junitxml=$OLDPWD/{output.junit}.tmp) > {log} 2>&1"
-        " && mv {output.junit}.tmp {output.junit}"
+        "(cd {BASE:q} && {PY:q} -m pytest {params.args} --junitxml=\"$OLDPWD\"/{output.junit:q}.tmp) > {log:q} 2>&1"
+        " && mv {output.junit:q}.tmp {output.junit:q}"

@@ -18,8 +18,8 @@ rule cluster_calibration:
         f"{OUT}/logs/cluster_calibration.log",
     threads: workflow.cores
     shell:  # at the throughput runs' shape: the FLOP/s, so the dilation, depend on it
-        "{PY} -m fp4quant.cluster calibrate --model {TRAIN[model]} --seq-len {THROUGHPUT[seq_len]}"
-        " --batch-size {THROUGHPUT[batch_size]} --tp {TRAIN[tp]} --out {output} 2> {log}"
+        "{PY:q} -m fp4quant.cluster calibrate --model {TRAIN[model]:q} --seq-len {THROUGHPUT[seq_len]:q}"
+        " --batch-size {THROUGHPUT[batch_size]:q} --tp {TRAIN[tp]:q} --out {output:q} 2> {log:q}"
 
 
 # 20 timed iterations (fewer above 3 MiB: --budget-mib, but at least 5 for the figure's
@@ -34,12 +34,13 @@ rule cluster_collectives:
     log:
         f"{OUT}/logs/cluster_collectives.log",
     params:
-        sizes=" ".join(map(str, CLUSTER_SIZES)),
+        sizes=CLUSTER_SIZES,
     threads: workflow.cores
     shell:
-        "{PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES} --record {output.record} --"
-        " -m fp4quant.bench.collectives --out {output.csv} --dtype bfloat16 --sizes {params.sizes}"
-        " --presets fp4quant --algorithms two_shot --no-chunk-sweep --iters 20 --min-iters 5 --budget-mib 64 > {log} 2>&1"
+        "{PY:q} -m fp4quant.cluster run --calibration {input.cal:q} --nodes {NODES:q} --record {output.record:q} --"
+        " -m fp4quant.bench.collectives --out {output.csv:q} --dtype bfloat16 --sizes {params.sizes:q}"
+        " --presets fp4quant --algorithms two_shot --no-chunk-sweep --iters 20 --min-iters 5 --budget-mib 64"
+        " > {log:q} 2>&1"
 
 
 # The link alone (nothing dilated) on the same calibrated link: the rate by size of gloo's ring
@@ -59,14 +60,14 @@ rule cluster_transfers:
     log:
         f"{OUT}/logs/cluster_transfers.log",
     params:
-        sizes=" ".join(str(s) for s in TRANSFER_SIZES if s <= PREDICTED_SIZE // 4) or str(PREDICTED_SIZE // 4),
-        run=f"{PY} -m fp4quant.cluster run --nodes {NODES} --link-only",
+        sizes=[s for s in TRANSFER_SIZES if s <= PREDICTED_SIZE // 4] or [PREDICTED_SIZE // 4],
+        run=q(PY, "-m", "fp4quant.cluster", "run", "--nodes", NODES, "--link-only"),
     threads: workflow.cores
     shell:
-        "({params.run} --calibration {input.cal} --record {output.record} -- -m fp4quant.bench.transfers"
-        " --out {output.ring} --iters 5 --sizes {params.sizes} --primitives all_reduce"
-        " && {params.run} --calibration {input.cal} -- -m fp4quant.bench.transfers --out {output.phases} --iters 5"
-        " --sizes {params.sizes} --primitives exchange_all_to_all exchange_all_gather) > {log} 2>&1"
+        "({params.run} --calibration {input.cal:q} --record {output.record:q} -- -m fp4quant.bench.transfers"
+        " --out {output.ring:q} --iters 5 --sizes {params.sizes:q} --primitives all_reduce"
+        " && {params.run} --calibration {input.cal:q} -- -m fp4quant.bench.transfers --out {output.phases:q} --iters 5"
+        " --sizes {params.sizes:q} --primitives exchange_all_to_all exchange_all_gather) > {log:q} 2>&1"
 
 
 rule allreduce_prediction:
@@ -79,8 +80,8 @@ rule allreduce_prediction:
     log:
         f"{OUT}/logs/allreduce_prediction.log",
     shell:
-        "{PY} -m fp4quant.perfmodel.allreduce --collectives {input.collectives} --record {input.record}"
-        " --transfers {input.transfers} --size {PREDICTED_SIZE} --out {output} 2> {log}"
+        "{PY:q} -m fp4quant.perfmodel.allreduce --collectives {input.collectives:q} --record {input.record:q}"
+        " --transfers {input.transfers:q} --size {PREDICTED_SIZE:q} --out {output:q} 2> {log:q}"
 
 
 # A throughput run: a few steps of the throughput shape (throughput.smk) on the emulated cluster.
@@ -101,9 +102,9 @@ rule cluster_train:
         fresh=lambda wc, input: fresh_run(wc, f"cluster --nodes {NODES} {throughput_args(wc)}", input, throughput_dir),
     threads: workflow.cores
     shell:
-        "{params.fresh} > {log} 2>&1 && {PY} -m fp4quant.cluster run --calibration {input.cal} --nodes {NODES}"
-        " --nproc-per-node {params.nproc} --record {output.record} -- -m fp4quant.train {params.args}"
-        " --out {params.run} >> {log} 2>&1"
+        "{params.fresh} > {log:q} 2>&1 && {PY:q} -m fp4quant.cluster run --calibration {input.cal:q} --nodes {NODES:q}"
+        " --nproc-per-node {params.nproc:q} --record {output.record:q} -- -m fp4quant.train {params.args}"
+        " --out {params.run:q} >> {log:q} 2>&1"
 
 
 rule projection:
@@ -117,7 +118,7 @@ rule projection:
         f"{OUT}/logs/projection.log",
     params:
         runs=THROUGHPUT_DIRS,
-        gpu=f"--gpu-kernels {CLUSTER['gpu_kernels']}" if CLUSTER.get("gpu_kernels") else "",
+        gpu=q("--gpu-kernels", CLUSTER["gpu_kernels"]) if CLUSTER.get("gpu_kernels") else "",
     shell:
-        "{PY} -m fp4quant.perfmodel --calibration {input.cal} --collectives {input.collectives}"
-        " --runs {params.runs} {params.gpu} --out {output} 2> {log}"
+        "{PY:q} -m fp4quant.perfmodel --calibration {input.cal:q} --collectives {input.collectives:q}"
+        " --runs {params.runs:q} {params.gpu} --out {output:q} 2> {log:q}"

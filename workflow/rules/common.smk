@@ -1,4 +1,9 @@
 # Paths, the run list, the launcher command and the provenance key shared by the rules.
+#
+# Quoting: a value that reaches a shell (from the configuration, or a path) is quoted where it
+# is spliced, so that it arrives as one word and never as shell syntax: `{x:q}` in a rule's
+# shell string (Snakemake's shlex.quote, each item of a list), `q(...)` in a command fragment
+# built here in Python (a param spliced into the shell string as it is).
 import json
 import os
 import shlex
@@ -49,6 +54,14 @@ PROVENANCE_KEY = f"{git_commit()}, torch {torch.__version__}" + (
     f", {hardware()}" if config["launcher"]["kind"] == "torchrun" else "")  # elsewhere jobs run on other hosts
 
 
+def q(*words):
+    """A command line's words, each shell-quoted (a list or tuple gives one word per item)."""
+    flat = []
+    for word in words:
+        flat.extend(word if isinstance(word, (list, tuple)) else [word])
+    return " ".join(shlex.quote(str(word)) for word in flat)
+
+
 def run_dir(comm, seed):
     """The folder of the training run of one TP communication preset and seed."""
     return f"{OUT}/runs/{MODEL}/{comm}/seed{seed}"
@@ -97,15 +110,14 @@ def fresh_run(wildcards, args, inputs, folder=run_dir):
     """The command that empties a run folder (``folder(comm, seed)``) unless it holds a run of exactly
     this job (same provenance key, arguments and input files), which the trainer then resumes after an interruption."""
     key = json.dumps({"provenance": PROVENANCE_KEY, "args": args})
-    return (f"{PY} {BASE}/workflow/scripts/fresh_run.py {folder(wildcards.comm, wildcards.seed)} {shlex.quote(key)} "
-            + " ".join(inputs))
+    return q(PY, f"{BASE}/workflow/scripts/fresh_run.py", folder(wildcards.comm, wildcards.seed), key, list(inputs))
 
 
 def launcher(nproc=None):
     """The command that starts a distributed job with the configured launcher."""
     L = config["launcher"]
-    cmd = (f"{PY} {BASE}/workflow/scripts/launch.py --kind {L['kind']} "
-           f"--nproc-per-node {nproc or L['nproc_per_node']} --nnodes {L.get('nnodes', 1)} --port {L.get('port', 29500)}")
+    cmd = q(PY, f"{BASE}/workflow/scripts/launch.py", "--kind", L["kind"], "--nproc-per-node",
+            nproc or L["nproc_per_node"], "--nnodes", L.get("nnodes", 1), "--port", L.get("port", 29500))
     if L.get("nodes"):
-        cmd += " --nodes " + " ".join(L["nodes"])
+        cmd += " " + q("--nodes", L["nodes"])
     return cmd + " --"

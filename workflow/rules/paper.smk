@@ -18,8 +18,8 @@ rule figure:
     log:
         f"{OUT}/logs/figure_{{name}}.log",
     shell:
-        "{PY} -m fp4quant.analysis figure {wildcards.name} --results {RESULTS} --profile {PROFILE} --out {output}"
-        " --inputs {input} 2> {log}"
+        "{PY:q} -m fp4quant.analysis figure {wildcards.name:q} --results {RESULTS:q} --profile {PROFILE:q}"
+        " --out {output:q} --inputs {input:q} 2> {log:q}"
 
 
 rule table:
@@ -35,8 +35,8 @@ rule table:
     log:
         f"{OUT}/logs/table_{{name}}.log",
     shell:
-        "{PY} -m fp4quant.analysis table {wildcards.name} --results {RESULTS} --profile {PROFILE} --out {output}"
-        " --inputs {input} 2> {log}"
+        "{PY:q} -m fp4quant.analysis table {wildcards.name:q} --results {RESULTS:q} --profile {PROFILE:q}"
+        " --out {output:q} --inputs {input:q} 2> {log:q}"
 
 
 rule paper_pdf:
@@ -49,4 +49,4 @@ rule paper_pdf:
     log:
         f"{OUT}/logs/paper_pdf.log",
     shell:
-        "cd paper && latexmk -pdf -interaction=nonstopmode main.tex > ../{log} 2>&1"
+        "cd paper && latexmk -pdf -interaction=nonstopmode main.tex > ../{log:q} 2>&1"

@@ -16,12 +16,12 @@ rule collect_results:
     params:
         runs=RUN_DIRS,
         ablations=ABLATIONS,
-        cluster=(f"--cluster-collectives {OUT}/cluster/collectives.csv"
-                 f" --cluster-record {OUT}/cluster/collectives.cluster.json") if EMULATED else "",
+        cluster=q("--cluster-collectives", f"{OUT}/cluster/collectives.csv",
+                  "--cluster-record", f"{OUT}/cluster/collectives.cluster.json") if EMULATED else "",
     shell:
-        "{PY} -m fp4quant.analysis collect --profile {PROFILE} --runs {params.runs} --error {input.error}"
-        " --kernels {input.kernels} --collectives {input.collectives} --ablations {params.ablations}"
-        " {params.cluster} --out-dir {OUT}/results 2> {log}"
+        "{PY:q} -m fp4quant.analysis collect --profile {PROFILE:q} --runs {params.runs:q} --error {input.error:q}"
+        " --kernels {input.kernels:q} --collectives {input.collectives:q} --ablations {params.ablations:q}"
+        " {params.cluster} --out-dir {OUT:q}/results 2> {log:q}"
 
 
 rule projection_sensitivity:
@@ -34,7 +34,7 @@ rule projection_sensitivity:
     log:
         f"{OUT}/logs/projection_sensitivity.log",
     shell:
-        "{PY} -m fp4quant.perfmodel.sensitivity --out {output} 2> {log}"
+        "{PY:q} -m fp4quant.perfmodel.sensitivity --out {output:q} 2> {log:q}"
 
 
 def ablation_rule(name):
@@ -53,10 +53,11 @@ def ablation_rule(name):
         log:
             f"{OUT}/logs/ablation_{name}.log",
         params:
+            name=name,
             runs=[run_dir(c, s) for c in ("fp4quant", name) for s in seeds_of(c)],
         shell:
-            "{PY} -m fp4quant.analysis ablation " + name + " --profile {PROFILE} --runs {params.runs}"
-            " --error {input.error} --kernels {input.kernels} --out {output} 2> {log}"
+            "{PY:q} -m fp4quant.analysis ablation {params.name:q} --profile {PROFILE:q} --runs {params.runs:q}"
+            " --error {input.error:q} --kernels {input.kernels:q} --out {output:q} 2> {log:q}"
 
 
 for _name in ABLATIONS:

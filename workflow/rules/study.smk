@@ -40,8 +40,8 @@ rule study_results:
         runs=study_runs(TRAIN["comms"]),
         order=[variant(c, k) for c in TRAIN["comms"] for k in COMPUTES],
     shell:
-        "{PY} -m fp4quant.analysis study --profile {PROFILE} --runs {params.runs} --order {params.order}"
-        " --out-dir {STUDY_RESULTS} --tables-dir {STUDY_TABLES} 2> {log}"
+        "{PY:q} -m fp4quant.analysis study --profile {PROFILE:q} --runs {params.runs:q} --order {params.order:q}"
+        " --out-dir {STUDY_RESULTS:q} --tables-dir {STUDY_TABLES:q} 2> {log:q}"
 
 
 rule study_figure:
@@ -58,10 +58,10 @@ rule study_figure:
         f"{OUT}/logs/study_figure_{{name}}.log",
     params:
         results=lambda wc: STUDY_TABLES if wc.name == "convergence" else STUDY_RESULTS,
-        traffic=lambda wc, input: f"--traffic {input.traffic[0]}" if input.traffic else "",
+        traffic=lambda wc, input: q("--traffic", input.traffic[0]) if input.traffic else "",
     shell:
-        "{PY} -m fp4quant.analysis figure {wildcards.name} --results {params.results} --profile {PROFILE}"
-        " --out {output} --inputs {input.csvs} {params.traffic} 2> {log}"
+        "{PY:q} -m fp4quant.analysis figure {wildcards.name:q} --results {params.results:q} --profile {PROFILE:q}"
+        " --out {output:q} --inputs {input.csvs:q} {params.traffic} 2> {log:q}"
 
 
 rule study:

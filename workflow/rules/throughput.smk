@@ -20,8 +20,8 @@ rule collect_throughput:
     params:
         runs=THROUGHPUT_RUNS,
     shell:
-        "{PY} -m fp4quant.analysis throughput --profile {PROFILE} --runs {params.runs} --warmup {THROUGHPUT_WARMUP}"
-        " --out {output[0]} --breakdown-out {output[1]} 2> {log}"
+        "{PY:q} -m fp4quant.analysis throughput --profile {PROFILE:q} --runs {params.runs:q}"
+        " --warmup {THROUGHPUT_WARMUP:q} --out {output[0]:q} --breakdown-out {output[1]:q} 2> {log:q}"
 
 
 rule regime:
@@ -35,5 +35,5 @@ rule regime:
     params:
         runs=THROUGHPUT_DIRS,
     shell:
-        "{PY} -m fp4quant.perfmodel.regime table --calibration {input.cal} --runs {params.runs}"
-        " --warmup {THROUGHPUT_WARMUP} --out {output} 2> {log}"
+        "{PY:q} -m fp4quant.perfmodel.regime table --calibration {input.cal:q} --runs {params.runs:q}"
+        " --warmup {THROUGHPUT_WARMUP:q} --out {output:q} 2> {log:q}"

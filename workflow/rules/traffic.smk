@@ -18,15 +18,15 @@ rule traffic_capture:
         f"{OUT}/logs/traffic_capture.log",
     params:
         launch=launcher(TRAFFIC_TP),
-        args=f"--model {TRAFFIC_MODEL} --tp {TRAFFIC_TP} "
-        + " ".join(f"--{k.replace('_', '-')} {TRAIN[k]}" for k in ("seq_len", "batch_size") if k in TRAIN)
-        + (f" --device {config['launcher']['device']}" if config["launcher"].get("device") else ""),
+        args=q("--model", TRAFFIC_MODEL, "--tp", TRAFFIC_TP,
+               [w for k in ("seq_len", "batch_size") if k in TRAIN for w in (f"--{k.replace('_', '-')}", TRAIN[k])],
+               ["--device", config["launcher"]["device"]] if config["launcher"].get("device") else []),
         capture=f"1,{TRAFFIC_STEPS // 2},{TRAFFIC_STEPS - 1}",
     threads: workflow.cores
     shell:
-        "rm -rf {TRAFFIC_RUN} && {params.launch} -m fp4quant.train {params.args} --comm bf16 --steps {TRAFFIC_STEPS}"
-        " --capture-traffic-steps {params.capture} --checkpoint-every {TRAFFIC_STEPS} --keep-checkpoints 1"
-        " --eval-batches 0 --data {OUT}/tokens --out {TRAFFIC_RUN} > {log} 2>&1"
+        "rm -rf {TRAFFIC_RUN:q} && {params.launch} -m fp4quant.train {params.args} --comm bf16"
+        " --steps {TRAFFIC_STEPS:q} --capture-traffic-steps {params.capture:q} --checkpoint-every {TRAFFIC_STEPS:q}"
+        " --keep-checkpoints 1 --eval-batches 0 --data {OUT:q}/tokens --out {TRAFFIC_RUN:q} > {log:q} 2>&1"
 
 
 rule traffic_benchmark:
@@ -38,7 +38,7 @@ rule traffic_benchmark:
     log:
         f"{OUT}/logs/traffic_benchmark.log",
     shell:
-        "{PY} -m fp4quant.bench.traffic --captures {TRAFFIC_RUN}/traffic --out {output.csv} 2> {log}"
+        "{PY:q} -m fp4quant.bench.traffic --captures {TRAFFIC_RUN:q}/traffic --out {output.csv:q} 2> {log:q}"
 
 
 rule traffic_figure:
@@ -49,5 +49,5 @@ rule traffic_figure:
     log:
         f"{OUT}/logs/figure_traffic.log",
     shell:
-        "{PY} -m fp4quant.analysis figure traffic --results {OUT}/bench --profile {PROFILE} --out {output}"
-        " --inputs {input} 2> {log}"
+        "{PY:q} -m fp4quant.analysis figure traffic --results {OUT:q}/bench --profile {PROFILE:q} --out {output:q}"
+        " --inputs {input:q} 2> {log:q}"

@@ -8,11 +8,11 @@ rule prepare_data:
     log:
         f"{OUT}/logs/prepare_data.log",
     params:
-        inputs=("--input " + " ".join(config.get("data", {}).get("inputs", []))) if config.get("data", {}).get("inputs") else "",
-        tokenizer=f"--tokenizer {config['data']['tokenizer']}" if config.get("data", {}).get("tokenizer") else "",
+        inputs=q("--input", config["data"]["inputs"]) if config.get("data", {}).get("inputs") else "",
+        tokenizer=q("--tokenizer", config["data"]["tokenizer"]) if config.get("data", {}).get("tokenizer") else "",
         provenance=PROVENANCE_KEY,  # the tokenizer is code too
     shell:
-        "{PY} -m fp4quant.data prepare --out {OUT}/tokens {params.inputs} {params.tokenizer} 2> {log}"
+        "{PY:q} -m fp4quant.data prepare --out {OUT:q}/tokens {params.inputs} {params.tokenizer} 2> {log:q}"
 
 
 # The training options the configuration may set; those it leaves out take the trainer's
@@ -22,15 +22,16 @@ TRAIN_OPTIONS = ("model", "tp", "compress", "algorithm", "steps", "seq_len", "ba
 
 
 def train_args(wildcards, train=None):
-    """The trainer's flags for a run (``train``: the options, default the configuration's train)."""
+    """The trainer's flags for a run (``train``: the options, default the configuration's train),
+    shell-quoted."""
     train = TRAIN if train is None else train
     # a run folder "<comm>[@<compress>][+<compute>]" (fp4quant.train.config.run_name)
     comm, compress, compute = parse_run_name(wildcards.comm)
-    flags = [f"--comm {comm}", f"--seed {wildcards.seed}", f"--data {OUT}/tokens"]
+    flags = ["--comm", comm, "--seed", wildcards.seed, "--data", f"{OUT}/tokens"]
     if compute != "exact":
-        flags.append(f"--compute {compute}")
+        flags += ["--compute", compute]
     if compress != "both":  # the run's own directions, over train.compress
-        flags.append(f"--compress {compress}")
+        flags += ["--compress", compress]
     for key in TRAIN_OPTIONS:
         value = train.get(key)
         if key == "compress" and compress != "both":
@@ -39,10 +40,10 @@ def train_args(wildcards, train=None):
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])
         elif value is not None:
-            flags.append(f"{flag} {value}")
+            flags += [flag, value]
     if config["launcher"].get("device") is not None:
-        flags.append(f"--device {config['launcher']['device']}")
-    return " ".join(flags)
+        flags += ["--device", config["launcher"]["device"]]
+    return q(flags)
 
 
 rule train:
@@ -62,4 +63,5 @@ rule train:
     threads: workflow.cores
     shell:
         # resumes from the run folder's last checkpoint when rerun after an interruption
-        "{params.fresh} > {log} 2>&1 && {params.launch} -m fp4quant.train {params.args} --out {params.run} >> {log} 2>&1"
+        "{params.fresh} > {log:q} 2>&1"
+        " && {params.launch} -m fp4quant.train {params.args} --out {params.run:q} >> {log:q} 2>&1"

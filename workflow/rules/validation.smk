@@ -27,16 +27,19 @@ if EMULATED and VLATENCY_BATCH == int(TRAIN["batch_size"]):  # validated on the 
 def validation_train(repeat, rate, comm, latency=False):
     run = f"{VDIR}/repeat{repeat}/rate{rate}/" + (f"latency/{comm}" if latency else comm)
     batch = VLATENCY_BATCH if latency else TRAIN["batch_size"]
-    return (f"rm -rf {run} && {PY} -m fp4quant.cluster run --rate-mbit {rate} --nodes {NODES}"
-            f" --nproc-per-node {TRAIN['tp'] // NODES} --record {run}/cluster.json -- -m fp4quant.train"
-            f" --model {TRAIN['model']} --tp {TRAIN['tp']} --comm {comm} --steps {VALIDATION.get('steps', 30)}"
-            f" --seq-len {TRAIN['seq_len']} --batch-size {batch} --data {OUT}/tokens --eval-batches 0"
-            f" --checkpoint-every 1000000 --device cpu --out {run}")
+    return q("rm", "-rf", run) + " && " + q(
+        PY, "-m", "fp4quant.cluster", "run", "--rate-mbit", rate, "--nodes", NODES, "--nproc-per-node",
+        TRAIN["tp"] // NODES, "--record", f"{run}/cluster.json", "--", "-m", "fp4quant.train",
+        "--model", TRAIN["model"], "--tp", TRAIN["tp"], "--comm", comm, "--steps", VALIDATION.get("steps", 30),
+        "--seq-len", TRAIN["seq_len"], "--batch-size", batch, "--data", f"{OUT}/tokens", "--eval-batches", 0,
+        "--checkpoint-every", 1000000, "--device", "cpu", "--out", run)
 
 
 def validation_probe(rate, cluster_args, probe_args):
-    return (f"{PY} -m fp4quant.cluster run --rate-mbit {rate} --nodes {NODES} {cluster_args} -- -m fp4quant.perfmodel.probe"
-            f" --model {TRAIN['model']} --seq-len {TRAIN['seq_len']} --batch-size {TRAIN['batch_size']} {probe_args}")
+    """The probe at one link rate (``cluster_args``, ``probe_args``: lists of further words)."""
+    return q(PY, "-m", "fp4quant.cluster", "run", "--rate-mbit", rate, "--nodes", NODES, cluster_args, "--",
+             "-m", "fp4quant.perfmodel.probe", "--model", TRAIN["model"], "--seq-len", TRAIN["seq_len"],
+             "--batch-size", TRAIN["batch_size"], probe_args)
 
 
 # One job per link rate: its probe, its runs, its bracketing probe, back to back, so that the
@@ -56,11 +59,11 @@ rule validation_rate:
     params:
         runs=lambda wc: " && ".join(validation_train(wc.repeat, wc.rate, c, latency) for c in VCOMMS
                                     for latency in (True, False)),
-        probe=lambda wc, output: validation_probe(wc.rate, f"--record {output.record}", f"--out {output.probe}"),
-        after=lambda wc, output: validation_probe(wc.rate, "", f"--gaps-from {output.probe} --out {output.after}"),
+        probe=lambda wc, output: validation_probe(wc.rate, ["--record", output.record], ["--out", output.probe]),
+        after=lambda wc, output: validation_probe(wc.rate, [], ["--gaps-from", output.probe, "--out", output.after]),
     threads: workflow.cores
     shell:
-        "({params.probe} && {params.runs} && {params.after}) > {log} 2>&1"
+        "({params.probe} && {params.runs} && {params.after}) > {log:q} 2>&1"
 
 
 rule model_validation:
@@ -76,8 +79,8 @@ rule model_validation:
     log:
         f"{OUT}/logs/model_validation.log",
     params:
-        cases=" ".join(f"--case {VDIR}/repeat{k}/rate{r}/probe.json {VDIR}/repeat{k}/rate{r}/probe_after.json "
-                       + " ".join(f"latency:{VDIR}/repeat{k}/rate{r}/latency/{c} {VDIR}/repeat{k}/rate{r}/{c}"
-                                  for c in VCOMMS) for k in VREPEATS for r in VRATES),
+        cases=q([w for k in VREPEATS for r in VRATES for d in [f"{VDIR}/repeat{k}/rate{r}"]
+                 for w in ["--case", f"{d}/probe.json", f"{d}/probe_after.json"]
+                 + [p for c in VCOMMS for p in (f"latency:{d}/latency/{c}", f"{d}/{c}")]]),
     shell:
-        "{PY} -m fp4quant.perfmodel.validate {params.cases} --out {output} 2> {log}"
+        "{PY:q} -m fp4quant.perfmodel.validate {params.cases} --out {output:q} 2> {log:q}"

@@ -8,13 +8,14 @@ instead of Snakemake's dump of the whole schema.  First the schema
 (workflow/schemas/config.schema.yaml), then what a schema cannot say: the TP communication
 presets the code defines (fp4quant.format.PRESETS, plus "exact"; "<preset>@fwd" or "@bwd"
 compresses one direction), the presets the collective benchmark measures, the study's
-batches, and how the ranks of a training run split over the emulated nodes or the
-launcher's nodes.
+batches, how the ranks of a training run split over the emulated nodes or the
+launcher's nodes, and that tests.args splits into words.
 """
 
 from __future__ import annotations
 
 import difflib
+import shlex
 from typing import Any
 
 import jsonschema
@@ -43,6 +44,7 @@ def check(config: dict[str, Any], schema: dict[str, Any]) -> None:
     check_presets(config)
     check_study(config)
     check_ranks(config)
+    check_test_args(config)
 
 
 def key(path, *more) -> str:
@@ -102,10 +104,12 @@ def check_presets(config: dict[str, Any]) -> None:
         if run["warmup_steps"] >= run["steps"]:
             raise ConfigError(f"cluster.throughput.warmup_steps: {run['warmup_steps']} leaves none of the "
                               f"{run['steps']} steps to measure")
-        for i, comm in enumerate(run["comms"]):
-            if comm not in TRAIN_COMMS:
-                raise ConfigError(f"cluster.throughput.comms[{i}]: {comm!r} is not a TP communication preset"
-                                  + did_you_mean(comm, TRAIN_COMMS))
+        validation = cluster.get("validation", {}).get("comms", [])
+        for where, comms in (("throughput", run["comms"]), ("validation", validation)):
+            for i, comm in enumerate(comms):
+                if comm not in TRAIN_COMMS:
+                    raise ConfigError(f"cluster.{where}.comms[{i}]: {comm!r} is not a TP communication preset"
+                                      + did_you_mean(comm, TRAIN_COMMS))
     for i, preset in enumerate(config["bench"].get("collective_presets", [])):
         if preset not in BENCH_PRESETS:
             raise ConfigError(f"bench.collective_presets[{i}]: the collective benchmark does not measure {preset!r}"
@@ -144,3 +148,11 @@ def check_ranks(config: dict[str, Any]) -> None:
     if world % tp:
         raise ConfigError(f"train.tp: {tp} does not divide the launcher's {world} ranks "
                           f"({nnodes} node(s) x launcher.nproc_per_node {launcher['nproc_per_node']})")
+
+
+def check_test_args(config: dict[str, Any]) -> None:
+    """tests.args splits into words as a shell would split it (the test rule quotes each word)."""
+    try:
+        shlex.split(config.get("tests", {}).get("args", ""))
+    except ValueError as exc:
+        raise ConfigError(f"tests.args: {exc} in {config['tests']['args']!r}") from None

@@ -12,17 +12,27 @@ Each rank gets the job's cores divided among the node's ranks as its thread coun
 keeps an inherited value, so otherwise every rank would start as many threads as the whole
 job has cores, oversubscribing them (2 ranks x 2 threads on 2 cores halved the CPU run's
 tokens/s).  The exit status is the job's; on failure or interruption every started
-process is stopped.
+process is stopped, and each command runs under the emulated cluster's guard
+(fp4quant/cluster/guard.py), so that even a ``kill -9`` of this launcher stops torchrun and
+its workers instead of leaving them training into the run folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import signal
 import subprocess
 import sys
+from pathlib import Path
+
+# the guard by path: standard library only, nothing of the package (nor torch) to import
+_spec = importlib.util.spec_from_file_location(
+    "fp4quant_guard", Path(__file__).resolve().parents[2] / "fp4quant" / "cluster" / "guard.py")
+guard = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(guard)
 
 
 def torchrun(nnodes: int, nproc: int, endpoint: str | None, job_id: str, node_rank: int | None = None) -> list[str]:
@@ -63,7 +73,8 @@ def commands(a, job: list[str]) -> list[list[str]]:
     out = []
     for rank, node in enumerate(a.nodes):
         remote = torchrun(len(a.nodes), a.nproc_per_node, endpoint, "fp4quant", rank) + job
-        out.append(["ssh", node, f"cd {shlex.quote(cwd)} && " + shlex.join(remote)])
+        # "--": a node is a host, never an option of ssh; the remote shell gets quoted words
+        out.append(["ssh", "--", node, f"cd {shlex.quote(cwd)} && " + shlex.join(remote)])
     return out
 
 
@@ -81,16 +92,15 @@ def main() -> int:
     if a.nproc_per_node < 1:
         raise SystemExit(f"launch.py: --nproc-per-node must be at least 1, got {a.nproc_per_node}")
     env = {**os.environ, **rank_threads(a.nproc_per_node, dict(os.environ))}
-    procs = [subprocess.Popen(cmd, start_new_session=True, env=env) for cmd in commands(a, job)]
+    lifeline = guard.Lifeline()  # its end closes when this process dies, however: the guards then stop the jobs
+    procs = [lifeline.popen(cmd, env=env) for cmd in commands(a, job)]
     try:
         codes = [p.wait() for p in procs]
     except BaseException:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            p.wait()
+        guard.stop(procs)
         raise
+    finally:
+        lifeline.cut()
     return next((c for c in codes if c), 0)
 
 
