@@ -21,9 +21,12 @@ class ModelConfig:
     tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(self):  # a config.json may spell a number as a string
             v = getattr(self, f.name)
-            if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
+            kind = {"int": int, "float": (int, float), "bool": bool}[f.type]
+            if not isinstance(v, kind) or (kind is not bool and isinstance(v, bool)):
+                raise ValueError(f"ModelConfig.{f.name} must be {f.type}, got {v!r}")
+            if not isinstance(v, bool) and not v > 0:
                 raise ValueError(f"ModelConfig.{f.name} must be positive, got {v}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
@@ -72,7 +75,7 @@ class ModelConfig:
         return cls(
             vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
             num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
-            num_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+            num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
             rope_theta=hf.get("rope_theta", 10000.0), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             max_position=hf.get("max_position_embeddings", 32768),
             tie_word_embeddings=hf.get("tie_word_embeddings", False),

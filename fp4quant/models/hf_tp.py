@@ -52,11 +52,13 @@ def read_config(spec: str, tp: int = 1) -> dict[str, Any]:
         found = hf.get("model_type") if isinstance(hf, dict) else None
         raise ValueError(f"--model {spec}: model_type {found!r} is not one of {', '.join(MODEL_TYPES)}")
     try:
-        heads = hf["num_attention_heads"]
-        sizes = {"num_attention_heads": heads, "num_key_value_heads": hf.get("num_key_value_heads") or heads,
-                 "intermediate_size": hf["intermediate_size"]}
+        model = ModelConfig.from_hf(hf)  # every field present and of its type
     except KeyError as exc:
         raise ValueError(f"--model {spec}: {path} lacks {exc.args[0]}") from None
+    except ValueError as exc:
+        raise ValueError(f"--model {spec}: {path}: {exc}") from None
+    sizes = {"num_attention_heads": model.num_heads, "num_key_value_heads": model.num_kv_heads,
+             "intermediate_size": model.intermediate_size}
     for name, n in sizes.items():
         if n % tp:
             raise ValueError(f"--tp {tp} does not divide the model's {name} ({n})")

@@ -6,11 +6,12 @@
 Writes NAME/log.jsonl (one line per step, rank 0), NAME/checkpoints/ (resumed from
 automatically, with the log up to their step), NAME/summary.json (provenance and headline
 figures).  A bad configuration, damaged data, an unwritable --out fail on every rank with
-one line before any process group is created; a checkpoint of another configuration or
-ranks started differently, with one line right after.  Exit status: 2 for those, 1 when
-the loss became non-finite.  Under torchrun the line is also the worker's error file, so
-the launcher's failure report names it.  The default --data (the bundled corpus) is
-prepared on first use.
+one line before any process group is created; a checkpoint of another configuration,
+ranks started differently, or a run folder in use by another run, with one line right
+after; a full disk or another failing write, with one line when it happens.  Exit status:
+2 for those, 1 only when the loss became non-finite.  Under torchrun the line is also the
+worker's error file, so the launcher's failure report names it, and each worker dies with
+torchrun.  The default --data (the bundled corpus) is prepared on first use.
 """
 
 from __future__ import annotations
@@ -26,12 +27,18 @@ from pathlib import Path
 
 from ..data import DataError, TokenDataset, is_default_folder, prepare_default_once
 from .config import ConfigError, TrainConfig, world_from_env
+from .ownership import die_with_launcher
 
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, as every other refusal (argparse prints its usage too)
+        raise ConfigError(message)
 
 
 def parse(argv=None) -> TrainConfig:
-    ap = argparse.ArgumentParser(prog="python -m fp4quant.train", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog="python -m fp4quant.train", description=__doc__,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):  # --x / --no-x
@@ -60,6 +67,7 @@ def fail(exc: Exception, status: int) -> int:
 
 
 def main(argv=None) -> int:
+    die_with_launcher()
     try:
         cfg = parse(argv)
         world = world_from_env()
@@ -71,6 +79,8 @@ def main(argv=None) -> int:
                 raise ConfigError(f"cannot prepare the bundled corpus into {cfg.data} ({exc.strerror or exc})") from None
         data = TokenDataset(cfg.data) if Path(cfg.data, "meta.json").exists() else None
         cfg.check_world(world, data.vocab_size if data else None)
+        if data is not None:  # every rank reaches the same verdict: they fail together, before any group exists
+            data.require_windows(cfg.seq_len, "train")
     except (ConfigError, DataError) as exc:
         return fail(exc, 2)
     import torch
@@ -85,6 +95,9 @@ def main(argv=None) -> int:
         summary = Trainer(cfg, data).run()
     except ConfigError as exc:  # ranks that disagree, a checkpoint of another configuration
         return fail(exc, 2)
+    except OSError as exc:  # the environment's: a full disk, a folder made read-only under the run
+        where = exc.filename or f"the run folder {cfg.out}"
+        return fail(f"cannot write {where}: {exc.strerror or exc}", 2)
     except TrainingDiverged as exc:
         return fail(exc, 1)
     finally:

@@ -141,11 +141,33 @@ def _load_state(data: bytes, name: str) -> dict[str, Any]:
         raise Damaged(f"{name} is not a readable checkpoint ({type(exc).__name__})") from None
 
 
+def _manifest_problem(manifest: Any) -> str | None:
+    """What makes a parsed manifest unusable (None: nothing): every field resume reads, of its type."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
+            for e in files.values()):
+        return "files is not a table of sizes and digests"
+    if not isinstance(manifest.get("config"), dict):
+        return "config is missing"
+    if not isinstance(manifest.get("step"), int):
+        return "step is missing"
+    schedule = manifest.get("schedule")
+    if not (isinstance(schedule, list) and schedule and all(
+            isinstance(part, dict) and isinstance(part.get("from_step"), int) and isinstance(part.get("steps"), int)
+            for part in schedule)):
+        return "schedule is missing"
+    return None
+
+
 def _read_manifest(folder: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
-        if not isinstance(manifest.get("files"), dict) or "config" not in manifest:
-            raise ValueError("incomplete")
+        problem = _manifest_problem(manifest)
+        if problem:
+            raise Damaged(f"{MANIFEST} is malformed ({problem})")
         return manifest
     except FileNotFoundError:
         raise Damaged(f"{MANIFEST} is missing (damaged, or written by an older fp4quant)") from None

@@ -19,6 +19,12 @@ from ..parallel.communicator import COMPRESS_CHOICES
 from ..parallel.compute import COMPUTE_KINDS
 
 
+# AdamW's betas (the loop's); its first step moves a parameter by up to lr / (1 - beta1)
+ADAM_BETAS = (0.9, 0.95)
+ADAM_STEP_GAIN = 1 / (1 - ADAM_BETAS[0])
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 class ConfigError(ValueError):
     """A bad training configuration, reported in one line before anything starts."""
 
@@ -73,7 +79,10 @@ class TrainConfig:
         need(not (self.backend == "nccl" and self.device == "cpu"), "--backend nccl needs --device cuda (or auto)")
         for name in ("tp", "steps", "seq_len", "batch_size", "checkpoint_every", "keep_checkpoints"):
             need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        need(self.lr > 0, f"--lr must be > 0, got {self.lr}")
+        need(0 < self.lr * ADAM_STEP_GAIN < FLOAT32_MAX,
+             f"--lr must be > 0 and below {FLOAT32_MAX / ADAM_STEP_GAIN:.3g} (AdamW's first step, lr / (1 - beta1), "
+             f"must be a float32), got {self.lr}")
+        need(0 <= self.seed < 2**64, f"--seed must be an integer in [0, 2**64), got {self.seed}")
         need(0 <= self.min_lr_ratio <= 1, f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.warmup is None:
             object.__setattr__(self, "warmup", self.steps // 10)
@@ -99,6 +108,9 @@ class TrainConfig:
             need(self.model in MODEL_PRESETS or Path(self.model, "config.json").exists(),
                  f"--model must be a preset ({', '.join(MODEL_PRESETS)}), a Hugging Face folder or hf:<config.json "
                  f"or folder>, got {self.model!r}")
+            need(self.model in MODEL_PRESETS or any(Path(self.model).glob("*.safetensors")),
+                 f"--model {self.model}: no *.safetensors in the folder to start from (for a model initialized from "
+                 f"its config, give hf:{Path(self.model, 'config.json')})")
 
     @property
     def capture_steps(self) -> tuple[int, ...]:
@@ -147,14 +159,17 @@ class TrainConfig:
             raise ConfigError(f"the data's vocabulary ({vocab_size}) is larger than the model's ({cfg.vocab_size})")
 
     def check_out(self) -> None:
-        """--out can be created and written (checked first: a run must not fail at its first checkpoint)."""
-        out = Path(self.out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
-                pass
-        except OSError as exc:
-            raise ConfigError(f"--out {self.out} is not a writable folder ({exc.strerror or exc})") from None
+        """--out (and its checkpoints/, if there) can be created and written: checked first, a
+        run must not fail at its first checkpoint."""
+        for folder in (Path(self.out), Path(self.out, "checkpoints")):
+            if folder.name == "checkpoints" and not folder.exists():
+                continue
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+                    pass
+            except OSError as exc:
+                raise ConfigError(f"--out {self.out}: {folder} is not a writable folder ({exc.strerror or exc})") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

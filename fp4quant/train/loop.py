@@ -32,6 +32,7 @@ from tqdm import tqdm
 from .. import comm
 from ..data import TokenDataset
 from ..environment import cluster_dilation
+from ..format.config import PRESETS, QuantConfig
 from ..models import Qwen2ForCausalLM
 from ..models.hf import load_safetensors
 from ..models.hf_tp import HFTensorParallel, config_file, is_hf
@@ -41,8 +42,9 @@ from ..provenance import atomic_write_json, atomic_write_text, provenance
 from ..threads import pin_threads
 from . import checkpoint
 from .shards import load_local_state, local, local_tree, restore_optimizer_placements
-from .config import TrainConfig
+from .config import ADAM_BETAS, ConfigError, TrainConfig, run_name
 from .consistency import check_ranks_agree, resume_differences
+from .ownership import RunLock
 
 
 # the seed of the validation batches' order, whatever the run's seed: every run of a comparison
@@ -116,7 +118,7 @@ class Trainer:
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+            lr=cfg.lr, betas=ADAM_BETAS, eps=1e-8,
         )
         self.replicated = {id(p) for p in self.model.replicated_parameters()}
         self.step = 0
@@ -125,6 +127,8 @@ class Trainer:
         self.schedule = [{"from_step": 0, "steps": cfg.steps}]  # the --steps each part of the run decayed over
         self.last_checkpoint: int | None = None
         self.validate_next_step = True
+        self.label = run_name(cfg.comm if self.mesh.tp > 1 else "exact", cfg.compress if self.mesh.tp > 1 else "both",
+                              cfg.compute)
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -379,9 +383,26 @@ class Trainer:
         return (t / self.mesh.dp).tolist()
 
     def run(self) -> dict[str, Any]:
-        cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(self.out)
+        problem = lock.acquire() if self.mesh.rank == 0 else None
+        if self.mesh.world > 1:  # every rank learns rank 0's outcome before touching the folder
+            box = [problem]
+            dist.broadcast_object_list(box, src=0)
+            problem = box[0]
+        if problem is not None:
+            raise ConfigError(problem)
+        try:
+            return self._run()
+        finally:
+            lock.release()
+
+    def _run(self) -> dict[str, Any]:
+        cfg = self.cfg
         resumed_from = self.step if self.resume() else None
+        if self.mesh.tp == 1 and cfg.comm in PRESETS and QuantConfig.preset(cfg.comm).compressed and self.is_logger:
+            checkpoint.warn(f"--tp 1 sends no TP traffic, so --comm {cfg.comm} changes nothing: the run is labelled "
+                            f"{self.label}")
         log = None
         if self.is_logger:  # the log holds exactly the steps behind the model: restored, or started afresh
             atomic_write_text(self.out / "log.jsonl", "".join(line + "\n" for line in self.history))
@@ -432,8 +453,13 @@ class Trainer:
             "mesh": {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp,
                      "backend": dist.get_backend() if dist.is_initialized() else None, "device": self.device.type},
             "model": self.model.cfg.to_dict(),
-            "comm": {"fwd": str(self.comm_config.fwd), "bwd": str(self.comm_config.bwd), "algorithm": self.cfg.algorithm,
+            # what the TP wire carried, and the name the run is compared under: at TP = 1 nothing
+            # crosses it, so a compressed --comm compresses nothing and the run is exact's
+            "comm": {"fwd": str(self.comm_config.fwd) if self.mesh.tp > 1 else "nothing sent (TP = 1)",
+                     "bwd": str(self.comm_config.bwd) if self.mesh.tp > 1 else "nothing sent (TP = 1)",
+                     "label": self.label, "algorithm": self.cfg.algorithm,
                      "dilation": self.comm_config.dilation.to_dict()},  # the emulated cluster's (zeros elsewhere)
+            **{k: v for k, v in self._identity().items() if k != "mesh"},  # the data's (and an hf: model's) checksum
             "steps": self.step,
             "resumed_from": resumed_from,
             "lr_schedule": self.schedule,

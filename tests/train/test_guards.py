@@ -4,6 +4,7 @@ under torchrun; the first step's collectives validated across ranks."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -39,8 +40,11 @@ def random_tokens(data, tmp_path):
     folder.mkdir()
     meta = json.loads(Path(data, "meta.json").read_text())
     n = 100_000
-    (folder / "tokens.bin").write_bytes(np.random.default_rng(0).integers(0, 256, 2 * n, dtype=np.uint8).tobytes())
-    (folder / "meta.json").write_text(json.dumps({**meta, "n_tokens": n, "n_train": n - 1000}))
+    tokens = np.random.default_rng(0).integers(0, 256, 2 * n, dtype=np.uint8).tobytes()
+    (folder / "tokens.bin").write_bytes(tokens)
+    # its own checksum: a prepared folder whose ids, not whose bytes, are wrong
+    (folder / "meta.json").write_text(json.dumps({**meta, "n_tokens": n, "n_train": n - 1000,
+                                                  "tokens_sha256": hashlib.sha256(tokens).hexdigest()}))
     return str(folder)
 
 
@@ -91,7 +95,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data
     one_line(err, "step 1:", "not finite", "last checkpoint: step 1")
     assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [0]
     assert (out / "checkpoints" / "latest").read_text().strip() == "1"
-    state = torch.load(out / "checkpoints" / "step_000001" / "rank0000.pt", weights_only=False)
+    state = torch.load(out / "checkpoints" / "step_000001" / "rank0000.pt", weights_only=True)
     assert all(t.isfinite().all() for t in state["model"].values())
     assert not (out / "summary.json").exists()
 
@@ -153,3 +157,96 @@ def test_only_the_first_step_is_validated(data, tmp_path):
     first = results[0]["log"][0]
     for r in results:  # one validation per collective of step 0, none later
         assert r["steps"] == [0] * (first["fwd_calls"] + first["bwd_calls"]) and r["steps"], r["steps"]
+
+
+@pytest.mark.parametrize("flags, words", [
+    (dict(seed=-1), ("--seed", "[0, 2**64)")),
+    (dict(seed="1e20"), ("--seed", "invalid int value")),
+    (dict(lr=1e38), ("--lr", "float32")),
+    (dict(steps="many"), ("--steps", "invalid int value")),
+])
+def test_bad_option_values_are_one_line(data, tmp_path, capsys, flags, words):
+    status, err = cli(capsys, **short(data, tmp_path / "run", **flags))
+    assert status == 2
+    one_line(err, *words)
+
+
+def test_an_hf_config_with_a_number_as_text_is_one_line(data, tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads="4", num_key_value_heads=2)))
+    status, err = cli(capsys, **short(data, tmp_path / "run", model=f"hf:{config}", tp=1))
+    assert status == 2
+    one_line(err, str(config), "num_heads", "'4'")
+
+
+def test_a_model_folder_without_weights_is_one_line(data, tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    status, err = cli(capsys, **short(data, tmp_path / "run", model=str(tmp_path / "model")))
+    assert status == 2
+    one_line(err, "no *.safetensors", f"hf:{tmp_path / 'model' / 'config.json'}")
+
+
+def test_a_compressed_wire_at_tp_1_is_labelled_by_what_it_sent(data, tmp_path, capsys):
+    status, err = cli(capsys, **short(data, tmp_path / "run", comm="fp4quant", steps=2, seq_len=32))
+    assert status == 0, err
+    assert "--tp 1 sends no TP traffic" in err and "labelled exact" in err, err
+    comm = json.loads((tmp_path / "run" / "summary.json").read_text())["comm"]
+    assert comm["label"] == "exact" and comm["fwd"] == comm["bwd"] == "nothing sent (TP = 1)", comm
+
+
+def in_mount_namespace(mount: str, command: list[str]) -> subprocess.CompletedProcess:
+    """``command`` with ``mount`` (a shell line) done first, in a mount namespace of its own."""
+    script = f"{mount} && exec \"$@\""
+    return subprocess.run(["unshare", "--mount", "sh", "-c", script, "sh", *command], capture_output=True, text=True,
+                          timeout=300)
+
+
+def mount_namespaces_work(tmp_path) -> bool:
+    try:
+        return in_mount_namespace(f"mount -t tmpfs -o size=64k none {tmp_path}", ["true"]).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def trainer(data, out, **kw) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "fp4quant.train", "--model", "tiny", "--steps", "3", "--seq-len", "32",
+            "--batch-size", "1", "--checkpoint-every", "1", "--data", data, "--out", str(out),
+            *[x for k, v in kw.items() for x in (f"--{k.replace('_', '-')}", str(v))]]
+
+
+def test_a_full_disk_is_one_line_and_exit_2(data, tmp_path):
+    """The run folder on a 300 KiB file system: the first checkpoint fills it."""
+    full = tmp_path / "full"
+    full.mkdir()
+    if not mount_namespaces_work(full):
+        pytest.skip("needs mount namespaces (root, unshare)")
+    done = in_mount_namespace(f"mount -t tmpfs -o size=300k none {full}", trainer(data, full / "run"))
+    err = [line for line in done.stderr.replace("\r", "\n").splitlines() if line.strip() and "train bf16" not in line]
+    assert done.returncode == 2, done.stderr
+    assert len(err) == 1 and "No space left on device" in err[0], err
+
+
+def test_a_read_only_checkpoints_folder_is_one_line(data, tmp_path):
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    if not mount_namespaces_work(tmp_path / "run" / "checkpoints"):
+        pytest.skip("needs mount namespaces (root, unshare)")
+    ro = out / "checkpoints"
+    done = in_mount_namespace(f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}", trainer(data, out))
+    err = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert len(err) == 1 and "checkpoints is not a writable folder" in err[0], err
+
+
+def test_a_train_split_shorter_than_one_sequence_is_one_line(tmp_path, capsys):
+    from fp4quant.data import prepare
+
+    (tmp_path / "text.txt").write_text("a short corpus " * 100)  # 1500 tokens, 15 of them validation
+    prepare(tmp_path / "tokens", [str(tmp_path / "text.txt")])
+    status, err = cli(capsys, **short(str(tmp_path / "tokens"), tmp_path / "run", seq_len=4096))
+    assert status == 2
+    one_line(err, "train split", "--seq-len 4096")

@@ -112,6 +112,20 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(run, data, capsys, 
     assert (out / "checkpoints" / "step_000008.damaged" / name).exists()  # set aside, not deleted
 
 
+@pytest.mark.parametrize("edit, problem", [(lambda m: [m], "a JSON list"),
+                                            (lambda m: {k: v for k, v in m.items() if k != "schedule"}, "schedule"),
+                                            (lambda m: {**m, "files": {"rank0000.pt": 7}}, "files")])
+def test_a_malformed_manifest_is_passed_over_with_one_warning(run, data, capsys, edit, problem):
+    out, want, _ = run
+    path = out / "checkpoints" / "step_000008" / "manifest.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    snakemake_cleanup(out)
+    status, err = cli(capsys, **run_kw(data, out))
+    assert status == 0, err
+    assert err.count("warning") == 1 and "malformed" in err and problem in err and "resuming from step 6" in err, err
+    same_history(records(out), want)
+
+
 def test_a_garbage_latest_pointer_is_passed_over(run, data, capsys):
     out, want, _ = run
     (out / "checkpoints" / "latest").write_bytes(b"\x00garbage\xff")
