@@ -95,7 +95,8 @@ def _prepare(name: str, group, spec: WireSpec, checks: Callable[[Wire, int], Any
     except (TypeError, ValueError) as exc:
         error, wire = exc, None
     if validate:
-        vd.exchange(group, vd.record(name, None if wire is None else wire.config, **fields, chunk_bytes=chunk_bytes), error)
+        vd.exchange(group, vd.record(name, None if wire is None else wire.config, **fields, chunk_bytes=chunk_bytes,
+                                     overlap=overlap), error)
     elif error is not None:
         raise error
     assert wire is not None
@@ -136,10 +137,15 @@ def all_reduce(
                 communication of the previous one); None: one chunk; "auto": the measured
                 policy of plan.default_chunk_bytes (CPU: one chunk below 32 MiB, else
                 max(4 MiB, size / 16); CUDA: one chunk).
-                For block-local configs (all but nvfp4's per-tensor scale) the result is
-                bit for bit the same whatever the chunking.
-    validate    exchange shapes, dtype, config, op and algorithm first and raise the same
-                ValueError on every rank on a mismatch (one all_gather_object per call)
+                For block-local configs (all but a per-tensor coarse scale, as nvfp4's)
+                the result is bit for bit the same whatever the chunking, stochastic
+                rounding included: each random draw is keyed by its value's position in
+                the tensor (fp4quant.comm.streams), never by its chunk; so for
+                all_gather and reduce_scatter.
+    validate    exchange what decides the call's messages (shapes, dtype, config, op,
+                algorithm, chunking, overlap) first and raise the same ValueError on every
+                rank on a mismatch, or on a rank left waiting for one that does not validate
+                (fp4quant.comm.validate: through the group's store, no collective)
     stats_key   the stats() key the call is counted under ("fwd", "bwd", ...)
     streams     the caller's RandomStreams (fp4quant.comm.streams): a compressed call draws
                 the next stream from it; needed with stochastic rounding

@@ -3,17 +3,25 @@
 Local checks (a non-float tensor, a bad ``op`` or ``algorithm``, inconsistent shapes,
 stochastic rounding without the caller's random streams) raise before any
 communication.  With validation on (``validate=True``) the ranks first exchange a small record
-(collective, shapes, dtype, device type, config, op, algorithm, chunking, and any local
-argument error) with ``all_gather_object``; then every rank raises the same
-``ValueError`` naming the first rank (in group order) that differs from rank 0 and the
-field where it differs; a rank whose own arguments were bad raises its own error
-(``TypeError`` for a bad dtype) and the others a ``ValueError`` naming it, so a mistake
-on one rank never leaves the others hanging.  Without validation the fast path adds no
-collective.
+of everything that decides the call's messages and their order (collective, shapes, dtype,
+device type, config, op, algorithm, chunking, overlap, and any local argument error);
+then every rank raises the same ``ValueError`` naming the first rank (in group order) that
+differs from rank 0 and the field where it differs; a rank whose own arguments were bad
+raises its own error (``TypeError`` for a bad dtype) and the others a ``ValueError``
+naming it, so a mistake on one rank never leaves the others hanging.
+
+The records travel through the process group's key-value store, not a collective: a rank
+that validates waits at most ``VALIDATION_TIMEOUT_S`` for the others' records, then raises
+naming the ranks that never sent one (``validate`` passed on some ranks only), where a
+collective would wait for the group's own timeout (gloo's: 30 minutes).  Without
+validation the fast path adds nothing.
 """
 
 from __future__ import annotations
 
+import json
+import weakref
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -26,6 +34,10 @@ from .wire import Wire
 
 OPS = ("sum", "avg")
 ALGORITHMS = ("two_shot", "one_shot", "auto")  # the one list: the trainer, the schema and the workflow read it
+# how long a validating rank waits for the others' records: ranks reach a collective seconds
+# apart, not minutes, even at a run's first step
+VALIDATION_TIMEOUT_S = 300.0
+STORE_PREFIX = "fp4quant/validate"
 
 
 def check_streams(wire: Wire, streams: RandomStreams | None) -> None:
@@ -94,19 +106,49 @@ def _difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     return None
 
 
+class _Sequence:
+    """The number of this process's validated calls on each group: the ranks' n-th validated
+    calls meet under one key (every rank validates the same calls, or the wait names who did not)."""
+
+    def __init__(self) -> None:
+        self.counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def next(self, group: dist.ProcessGroup) -> int:
+        n = self.counts.get(group, 0)
+        self.counts[group] = n + 1
+        return n
+
+
+SEQUENCE = _Sequence()
+
+
 def exchange(group: dist.ProcessGroup | None, rec: dict[str, Any], error: Exception | None) -> None:
     """All ranks of ``group`` compare their records; raise the same error on every rank
     when they disagree or when any rank's arguments were bad."""
     name = rec["collective"]
     mine = dict(rec, error=None if error is None else (type(error).__name__, str(error)))
-    world = dist.get_world_size(group)
-    records: list[Any] = [None] * world
-    dist.all_gather_object(records, mine, group=group)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    pg = group if group is not None else dist.group.WORLD
+    n = SEQUENCE.next(pg)
+    store = dist.PrefixStore(f"{STORE_PREFIX}/{pg.group_name}/", dist.distributed_c10d._get_default_store())
+    # JSON, not pickle: tuples arrive as lists on every rank alike, and nothing received is executed
+    store.set(f"{n}/{rank}", json.dumps(mine))
+    keys = [f"{n}/{r}" for r in range(world)]
 
     def rank_name(r: int) -> str:
         g = r if group is None else dist.get_global_rank(group, r)
         return f"rank {r}" + (f" (global rank {g})" if g != r else "")
 
+    try:
+        store.wait(keys, timedelta(seconds=VALIDATION_TIMEOUT_S))
+    except dist.DistStoreError:
+        missing = [rank_name(r) for r, k in enumerate(keys) if not store.check([k])]
+        raise ValueError(f"fp4quant.comm.{name}: validation waited {VALIDATION_TIMEOUT_S:g} s for {', '.join(missing)}, "
+                         f"which did not validate this call (pass validate=True on every rank of the group, for the "
+                         f"same calls)") from None
+    records = [json.loads(store.get(k)) for k in keys]
+    if n >= 2:  # every rank has read call n-2's records: each wrote call n-1's after reading them
+        store.delete_key(f"{n - 2}/{rank}")
     for r, other in enumerate(records):
         if other["error"] is not None:
             if error is not None:

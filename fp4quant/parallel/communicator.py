@@ -40,7 +40,7 @@ class CommConfig:
     """How TP traffic is sent.  ``fwd`` / ``bwd``: the QuantConfig of each direction, or None
     for exact; ``algorithm``, ``chunk_bytes``, ``overlap`` and ``sync_timing`` as in
     fp4quant.comm.all_reduce; ``seed``: the base seed of the communicator's random streams;
-    ``validate``: validate every collective across ranks (one all_gather_object each; a
+    ``validate``: validate every collective across ranks (one record through the store each; a
     trainer validates its first step whatever this says); ``dilation``: the emulated
     cluster's latency and codec stretch (fp4quant.comm.dilation; None outside it)."""
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import fp4quant.comm as comm
+import fp4quant.comm.validate as vd
 from fp4quant.format.config import QuantConfig
 from fp4quant.format.packed import layout
 
@@ -276,13 +277,13 @@ def check_validation() -> dict:
     W, last = C.world, C.world - 1
     out: dict[str, Any] = {}
     calls = {"n": 0}
-    real = dist.all_gather_object
+    real = vd.exchange
 
     def counting(*a, **k):
         calls["n"] += 1
         return real(*a, **k)
 
-    dist.all_gather_object = counting
+    vd.exchange = counting
     try:
         y = inp(C.rank, 3000)
         comm.all_reduce(y, "fp4quant")
@@ -290,7 +291,7 @@ def check_validation() -> dict:
         out["ok"] = raised(lambda: comm.all_reduce(inp(C.rank, 3000), "fp4quant", validate=True))
         out["validated_exchanges"] = calls["n"]
     finally:
-        dist.all_gather_object = real
+        vd.exchange = real
     dtype = torch.float16 if C.rank == last and W > 1 else torch.float32
     out["dtype"] = raised(lambda: comm.all_reduce(inp(C.rank, 3000, dtype), "fp4quant", validate=True))
     cfg = QuantConfig.preset("fp4quant", group=256 if C.rank == last and W > 1 else BLOCK)
@@ -299,6 +300,10 @@ def check_validation() -> dict:
     out["op"] = raised(lambda: comm.all_reduce(inp(C.rank, 3000), "fp4quant", op=op, validate=True))
     n = 3001 if C.rank == last and W > 1 else 3000
     out["shape"] = raised(lambda: comm.all_reduce(inp(C.rank, n), "fp4quant", validate=True))
+    # the same messages in another order: equal-size chunks of two phases would be swapped silently
+    overlap = not (C.rank == last and W > 1)
+    out["overlap"] = raised(lambda: comm.all_reduce(inp(C.rank, 40000), "fp4quant", chunk_bytes=16384, overlap=overlap,
+                                                    validate=True))
     x = torch.ones(3000, dtype=torch.int64) if C.rank == last else inp(C.rank, 3000)
     out["int_validated"] = raised(lambda: comm.all_reduce(x, "fp4quant", validate=True))
     o = torch.empty(W * (10 if C.rank == last and W > 1 else 11), device=C.device)
@@ -316,6 +321,17 @@ def check_validation() -> dict:
     y = inp(C.rank, 100)
     comm.all_reduce(y, "fp4quant")  # still in step after all that
     out["in_step"] = identical(y)
+    # validate=True on the last rank only (in a group of its own: the failed call leaves that
+    # group's validation sequence one apart, as a fatal error would): it waits, then names the others
+    group = dist.new_group(list(range(W)))
+    if C.rank == last:
+        timeout, vd.VALIDATION_TIMEOUT_S = vd.VALIDATION_TIMEOUT_S, 2.0
+        try:
+            out["validated_alone"] = raised(lambda: comm.all_reduce(inp(C.rank, 100), "fp4quant", group=group,
+                                                                    validate=True))
+        finally:
+            vd.VALIDATION_TIMEOUT_S = timeout
+    dist.barrier()
     return out
 
 

@@ -159,7 +159,7 @@ def test_validation_raises_on_every_rank(suite):
         assert rec["fast_path_exchanges"] == 0, "the fast path must not exchange metadata"
         assert rec["validated_exchanges"] == 1 and rec["ok"] is None
         for key, field in (("dtype", "tensor.dtype"), ("config", "config.group"), ("op", "op"),
-                           ("shape", "tensor.shape"), ("empty_vs_nonempty", "tensor.shape")):
+                           ("shape", "tensor.shape"), ("empty_vs_nonempty", "tensor.shape"), ("overlap", "overlap")):
             err = rec[key]
             if W == 1:
                 assert err is None, (key, err)
@@ -181,6 +181,13 @@ def test_validation_raises_on_every_rank(suite):
         err = rec["stochastic_without_streams"]
         assert err["type"] == "ValueError" and "random streams" in err["msg"], err
         assert rec["in_step"], "ranks fell out of step after the argument errors"
+        if rank == last:
+            err = rec["validated_alone"]
+            if W == 1:
+                assert err is None, err
+            else:
+                assert err["type"] == "ValueError" and "did not validate this call" in err["msg"], err
+                assert all(f"rank {r}" in err["msg"] for r in range(last)), err
 
 
 def test_stats_counters(suite):
