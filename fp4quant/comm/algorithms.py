@@ -17,6 +17,10 @@ messages in an all-to-all or an all-gather, and the W-1 wire steps of each (wher
 emulated cluster's dilation sleeps their latency); each codec op tells it the bytes the
 target's op moves (values at dilation.TARGET_VALUE_BYTES, messages at their own size): its
 codec stretch.
+
+Stochastic rounding draws each value's uniform by its position in the whole call
+(fp4quant.comm.streams), never by its chunk, so chunking changes no bit of the result of a
+block-local config (every one but a per-tensor scale, whose scale is the chunk's).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
+from ..format.packed import join_messages, layout, slice_messages
 from . import exchange, plan
 from .counters import Recorder
 from .dilation import TARGET_VALUE_BYTES as VB
@@ -111,10 +116,34 @@ def _quantize_gather(src: torch.Tensor, call: Call):
     return quantize
 
 
+def _reduce_requantize(recv: torch.Tensor, S: int, first: int, shard: int, call: Call, dtype: torch.dtype):
+    """This rank's reduced shard (values ``first`` .. ``first + S - 1`` of the padded flat
+    tensor, the sum of the W messages ``recv``) re-quantized as one message, each value with
+    the counter it has in a one-chunk call (``shard``: that call's S).  A chunk's shard that
+    straddles two one-chunk shards is reduced run by run (plan.owner_runs) and the messages
+    joined: the runs are whole blocks, each encoded on its own, so the bytes are those of one
+    reduce with the counters of each run."""
+    config, seed = call.config, call.streams.seed
+    runs = plan.owner_runs(first, S, shard)
+    # one reduce where the counters cannot matter (round-to-nearest draws nothing) or cannot
+    # be split (a per-tensor scale spans the runs: chunking changes its bits anyway)
+    if len(runs) == 1 or config.rounding != "stochastic" or config.coarse_scale == "tensor":
+        return ops.dequantize_reduce(recv, S, config, dtype, requantize=True, seed=seed,
+                                     offset=call.streams.offset_requant(first, shard))
+    parts = []
+    for start, count in runs:
+        msgs = slice_messages(recv, S, config, start - first, start - first + count)
+        parts.append(ops.dequantize_reduce(msgs, count, config, dtype, requantize=True, seed=seed,
+                                           offset=call.streams.offset_requant(start, shard)))
+    return join_messages(parts, [count for _, count in runs], config)
+
+
 def two_shot(flat: torch.Tensor, call: Call) -> None:
-    """Compressed all-reduce of the 1-D ``flat``, in place."""
+    """Compressed all-reduce of the 1-D ``flat``, in place.  Chunks change no bit of a
+    block-local config's result: the stochastic-rounding draws follow the values' positions."""
     world, rec, config, dtype = call.world, call.rec, call.config, flat.dtype
     seed = call.streams.seed
+    shard = plan.shard_values(flat.numel(), world, config.block)  # one chunk's S
 
     def quantize(ch: plan.Chunk):
         S = plan.shard_values(ch.numel, world, config.block)
@@ -133,12 +162,11 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
     def reduce(state):
         ch, S, recv = state
         with rec.codec("dequantize") as op:
-            shard = ops.dequantize_reduce(recv, S, config, dtype, requantize=True, seed=seed,
-                                          offset=call.streams.offset(ch.start, requant=True))
-            op.bytes_moved = recv.numel() + shard.numel()
-        gathered = shard.new_empty(world * shard.numel()) if world > 1 else shard
-        rec.bytes_sent += (world - 1) * shard.numel()
-        return (ch, S, gathered), call.issue(exchange.all_gather, gathered, shard)
+            mine = _reduce_requantize(recv, S, ch.start + call.rank * S, shard, call, dtype)
+            op.bytes_moved = recv.numel() + mine.numel()
+        gathered = mine.new_empty(world * mine.numel()) if world > 1 else mine
+        rec.bytes_sent += (world - 1) * mine.numel()
+        return (ch, S, gathered), call.issue(exchange.all_gather, gathered, mine)
 
     def finish(state):
         ch, S, gathered = state
@@ -192,14 +220,23 @@ def gather(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
 
 def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
     """Compressed reduce-scatter of ``src`` (world, n) into ``out`` (n,), chunked along n.
-    Row-batched messages: a chunk starting at value s uses counters from world * s."""
+    Row j's value i draws counter offset(j * padded(n) + i) whatever the chunking: one
+    quantize_rows of all rows for one chunk (its rows' counters follow each other), one per
+    row for a chunk of a longer row."""
     world, rec, config, dtype = call.world, call.rec, call.config, out.dtype
+    n = out.numel()
+    row_stride = layout(n, config).padded
+    seed = call.streams.seed
 
     def quantize(ch: plan.Chunk):
         rows = src[:, ch.start : ch.start + ch.numel]
         with rec.codec("quantize") as op:
-            msgs = ops.quantize_rows(rows.contiguous(), config, call.streams.seed,
-                                     call.streams.offset(world * ch.start))
+            if ch.numel == n or config.rounding != "stochastic":  # (round-to-nearest draws nothing)
+                msgs = ops.quantize_rows(rows.contiguous(), config, seed, call.streams.offset(0))
+            else:
+                msgs = torch.cat([ops.quantize_rows(rows[j : j + 1], config, seed,
+                                                    call.streams.offset(j * row_stride + ch.start))
+                                  for j in range(world)])
             op.bytes_moved = VB * rows.numel() + msgs.numel()
         recv = torch.empty_like(msgs) if world > 1 else msgs
         rec.bytes_sent += (world - 1) * msgs.shape[1]

@@ -11,7 +11,9 @@ FWHT group).  Padding costs at most W * block - 1 values per chunk.
 Chunking: a long tensor is cut into chunks of ``chunk_values`` values (rounded down to a
 multiple of the algorithm's unit: W * block for two-shot, block for one-shot and per
 row for the others; at least one unit); each chunk is an independent collective, so
-chunk k + 1 can be quantized while chunk k is on the wire.
+chunk k + 1 can be quantized while chunk k is on the wire.  Chunk boundaries are block
+boundaries and the random draws follow the values' positions (fp4quant.comm.streams), so
+chunking changes no bit of a block-local config's result.
 """
 
 from __future__ import annotations
@@ -44,6 +46,21 @@ def chunks(numel: int, unit: int, chunk_values: int | None) -> list[Chunk]:
         return [Chunk(0, numel)]
     size = max(unit, chunk_values // unit * unit)
     return [Chunk(s, min(size, numel - s)) for s in range(0, numel, size)]
+
+
+def owner_runs(start: int, numel: int, shard: int) -> list[tuple[int, int]]:
+    """[start, start + numel) cut where the rank that owns a value in a one-chunk two-shot
+    changes (at multiples of ``shard``, the one-chunk shard size): (first, count) pairs.  A
+    chunked two-shot re-quantizes each run with the one-chunk counters of its positions
+    (streams.CallStreams.offset_requant); both ends and ``shard`` are block boundaries, so
+    the runs are whole blocks."""
+    runs = []
+    end = start + numel
+    while start < end:
+        stop = min(end, (start // shard + 1) * shard)
+        runs.append((start, stop - start))
+        start = stop
+    return runs
 
 
 # The default chunking of all_reduce (chunk_bytes="auto"), per device type, from the

@@ -13,10 +13,16 @@ advances its counter.  Only compressed calls take a stream (exact and cast wires
 empty tensors, draw nothing), so the n-th compressed call is the same on every rank of
 a group, which calls its collectives in the same order.
 
-Within a call, the counter ``offset`` of rank r is ``r << 48``, plus ``1 << 47`` for the
-re-quantization of the two-shot's reduced shard, plus the chunk's first value; within a
-message the codec adds ``row * padded + i``.  Streams therefore differ across ranks,
-phases and chunks as long as a tensor has fewer than 2**47 values.
+Within a call, every draw is keyed by the position of its value in the whole call, never
+by how the call is chunked (fp4quant.comm.plan), so chunking changes no bit of a
+block-local config's result.  Rank r quantizes the value at position p (of the flat tensor,
+zero-padded) with counter ``(r << 48) + p``; in a reduce-scatter, row j's value i is at
+``p = j * padded(n) + i``.  The two-shot re-quantizes position p with
+``(o << 48) + (1 << 47) + (p - o * S)``, where S is the one-chunk shard size and
+o = p // S the rank that reduces p when the call is one chunk (offset_requant): with one
+chunk this is ``(r << 48) + (1 << 47)`` plus the position in rank r's shard, the layout of
+the committed runs.  Streams therefore differ across ranks, phases and values as long as a
+tensor has fewer than 2**47 values.
 """
 
 from __future__ import annotations
@@ -55,6 +61,15 @@ class CallStreams:
 
     def offset(self, start: int, requant: bool = False) -> int:
         return (self.rank << RANK_SHIFT) + (REQUANT_BIT if requant else 0) + start
+
+    @staticmethod
+    def offset_requant(position: int, shard: int) -> int:
+        """Counter of the two-shot's re-quantization of the value at ``position`` of the padded
+        flat tensor, whose one-chunk shards hold ``shard`` values: that of the rank reducing it
+        in a one-chunk call, whichever rank reduces it in a chunked one.  Consecutive positions
+        get consecutive counters up to the next multiple of ``shard`` (see plan.owner_runs)."""
+        owner = position // shard
+        return (owner << RANK_SHIFT) + REQUANT_BIT + position - owner * shard
 
 
 class RandomStreams:

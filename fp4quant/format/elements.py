@@ -9,6 +9,11 @@ Element formats (what one value becomes):
   int4  symmetric integers -7..7, two's complement nibble
   e4m3  OCP FP8 E4M3 ("fn": no infinities, 0x7F is NaN), saturating at 448
 
+Signed zeros: e2m1 and e4m3 have a negative zero (codes 0x8 and 0x80) and keep the sign
+of the value, as torch's float8_e4m3fn cast does: -0.0 and negatives that round to zero
+encode to it and decode to -0.0.  int4 has none (two's complement; its 0x8 would be -8,
+never produced): they decode to +0.0.
+
 Scale formats (what a block's scale becomes):
   e4m3  as above, clamped to [2**-6, 448]: always a normal number, full precision
   fp16  IEEE half, clamped to [2**-14, 65504]
@@ -132,10 +137,10 @@ def encode_element(q: torch.Tensor, negative: torch.Tensor, element: str) -> tor
 
 
 def decode_element(codes: torch.Tensor, element: str) -> torch.Tensor:
-    """float32 values of integer codes."""
+    """float32 values of integer codes (e2m1 code 8 and e4m3 0x80: -0.0)."""
     codes = codes.to(torch.int64)
     if element == "e2m1":
-        table = list(E2M1_VALUES) + [-v for v in E2M1_VALUES]
+        table = list(E2M1_VALUES) + [-v for v in E2M1_VALUES]  # -0.0 at code 8
         return _lut(table, torch.float32, codes.device)[codes]
     if element == "int4":
         return ((codes ^ 8) - 8).to(torch.float32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -10,6 +11,7 @@ from .config import QuantConfig, as_config
 from .elements import ELEMENT_BITS, SCALE_BYTES
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INT64_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -49,19 +51,76 @@ def layout(numel: int, config: QuantConfig) -> Layout:
     return Layout(numel, padded, n_coarse, n_micro, SCALE_BYTES[config.micro_scale], code_bytes)
 
 
+def _check_cut(config: QuantConfig, values: int, what: str) -> None:
+    if not config.compressed or config.coarse_scale == "tensor":
+        why = "a per-tensor scale is not block-local" if config.compressed else "they are not compressed"
+        raise ValueError(f"messages under {config} cannot be cut into blocks: {why}")
+    if values % config.block:
+        raise ValueError(f"{what} {values} is not a multiple of the block ({config.block} values)")
+
+
+def _segment_spans(lay: Layout, config: QuantConfig, start: int, stop: int) -> list[tuple[int, int]]:
+    """Byte ranges of values [start, stop) (block-aligned) in each segment of a message."""
+    per_group = 4 if lay.n_coarse else 0  # coarse bytes per group
+    per_micro = lay.micro_bytes if lay.n_micro else 0
+    bits = ELEMENT_BITS[config.element]
+    coarse = [v // config.group * per_group for v in (start, stop)]
+    micro = [lay.coarse_nbytes + v // config.micro_group * per_micro for v in (start, stop)]
+    codes = [lay.coarse_nbytes + lay.micro_nbytes + v * bits // 8 for v in (start, stop)]
+    return [(coarse[0], coarse[1]), (micro[0], micro[1]), (codes[0], codes[1])]
+
+
+def slice_messages(msgs: torch.Tensor, n: int, config: QuantConfig, start: int, stop: int) -> torch.Tensor:
+    """Values [start, stop) of each row of ``msgs`` (uint8 (rows, nbytes(n))) as messages of
+    their own: (rows, nbytes(stop - start)).  Block-local configs only (not a per-tensor
+    scale), ``start`` and ``stop`` block boundaries: every block is encoded on its own, so
+    these are the bytes that quantizing those values alone would give."""
+    lay = layout(n, config)
+    _check_cut(config, start, "start")
+    _check_cut(config, stop, "stop")
+    if not 0 <= start <= stop <= lay.padded:
+        raise ValueError(f"values [{start}, {stop}) are not within the {lay.padded} (padded) values of the messages")
+    return torch.cat([msgs[:, a:b] for a, b in _segment_spans(lay, config, start, stop)], dim=1)
+
+
+def join_messages(parts: list[torch.Tensor], sizes: list[int], config: QuantConfig) -> torch.Tensor:
+    """One message (uint8 (nbytes(sum(sizes)),)) of consecutive pieces of values: ``parts[k]``
+    the message of ``sizes[k]`` values, each size but the last a multiple of the block; the
+    inverse of slice_messages (block-local configs only)."""
+    if len(parts) != len(sizes) or not parts:
+        raise ValueError(f"join_messages needs one size per part, got {len(parts)} parts and {len(sizes)} sizes")
+    if len(parts) == 1:
+        return parts[0]
+    for size in sizes[:-1]:
+        _check_cut(config, size, "a piece of")
+    pieces = []
+    spans = [_segment_spans(layout(size, config), config, 0, layout(size, config).padded) for size in sizes]
+    for segment in range(3):  # all coarse scales, then all micro-scales, then all codes
+        for part, span in zip(parts, spans):
+            a, b = span[segment]
+            pieces.append(part[a:b])
+    return torch.cat(pieces)
+
+
 def check_float_dtype(dtype: torch.dtype, what: str = "input") -> None:
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"{what} must be float32, bfloat16 or float16, got {dtype}")
 
 
 def check_shape(shape) -> torch.Size:
-    """``shape`` as a torch.Size; ValueError unless every size is an int >= 0."""
+    """``shape`` as a torch.Size; ValueError unless every size is an int >= 0 and a tensor of
+    that shape could exist: the product of its sizes (zero sizes counted as one, as torch does
+    when it sizes storage) fits in int64.  torch.Size holds larger ints, and its numel()
+    wraps around past int64 (to 0 for (2**40, 2**40)), so a layout would be computed for
+    the wrong count."""
     try:
         size = torch.Size(shape)
     except TypeError:
         raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
     if any(d < 0 for d in size):
         raise ValueError(f"shape must hold sizes >= 0, got {tuple(size)}")
+    if math.prod(max(d, 1) for d in size) > INT64_MAX:
+        raise ValueError(f"shape {tuple(size)} is too large: its element count must fit in int64 (at most 2**63 - 1)")
     return size
 
 

@@ -22,6 +22,15 @@ Decoding works block by block against 2**-E (E from the block's coarse scale), s
 neither the inverse FWHT nor a sum of messages overflows; one message's values saturate
 at the output dtype's maximum, a sum's overflow to +-inf (docs/format.md, "Decoding").
 
+Zero signs: without the FWHT, an e2m1 / e4m3 value keeps its sign through a round trip,
+-0.0 and negatives that round to zero included (they decode to -0.0, as a float cast
+gives); int4 has no negative zero (+0.0).  With the FWHT a decoded value is a signed sum
+over its group, and an exact zero has the sign the inverse transform's IEEE arithmetic
+gives, not the input's: the rotation keeps no per-value sign of a zero (its butterflies
+map different zero-sign patterns onto the same one).  Sums (dequantize_reduce) add in
+IEEE float32: a sum of zeros is -0.0 only when every term is (-0 + +0 = +0).  Every kernel follows these steps, so zero signs, too,
+are the same bits everywhere.
+
 Steps 5-6 follow torchao's NVFP4 arithmetic, so the nvfp4 preset matches it bit for bit.
 """
 
@@ -361,7 +370,8 @@ def dequantize_reduce(
 
     Each block is decoded against 2**-E, E the largest of the messages' block exponents,
     in the transformed domain (``code * m * (c * 2**-E)``), and summed in float32 in row
-    order (``((m0 + m1) + m2) + ...``).  With ``requantize`` the sum is compressed again
+    order (``((m0 + m1) + m2) + ...``; zeros as IEEE adds them: -0.0 only if every term is
+    -0.0).  With ``requantize`` the sum is compressed again
     without a second FWHT (it is already transformed) and returned as one message, uint8
     (nbytes(n),); otherwise it is inverse-transformed, multiplied by 2**E and returned as
     (n,) ``dtype``, where a sum past the dtype's range is +-inf (one message saturates).

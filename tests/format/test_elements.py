@@ -81,6 +81,21 @@ def test_e2m1_negative_zero_keeps_sign():
     assert codes.tolist() == [0, 8]
 
 
+def test_negative_zero_codes_decode_to_negative_zero_as_the_fp8_cast_does():
+    # torch's float8_e4m3fn cast keeps the sign of -0.0 and of negatives that round to zero
+    neg = torch.tensor([-0.0, -1e-30, -(2.0**-11)])
+    assert neg.to(torch.float8_e4m3fn).view(torch.uint8).tolist() == [0x80] * 3
+    for element, code in (("e2m1", 8), ("e4m3", 0x80)):
+        grid = {"e2m1": E2M1, "e4m3": E4M3}[element]
+        q = grid.round(neg.abs(), "nearest")
+        assert torch.equal(encode_element(q, torch.signbit(neg), element), torch.full((3,), code, dtype=torch.int32))
+        zeros = decode_element(torch.tensor([0, code]), element)
+        assert zeros.tolist() == [0.0, 0.0] and torch.signbit(zeros).tolist() == [False, True], element
+    # int4 (two's complement) has no negative zero: a negative zero is +0
+    codes = encode_element(torch.zeros(2), torch.tensor([False, True]), "int4")
+    assert codes.tolist() == [0, 0] and not torch.signbit(decode_element(codes, "int4")).any()
+
+
 def test_nibble_order_low_first():
     codes = torch.tensor([1, 2, 3, 4, 15, 0], dtype=torch.int32)
     packed = pack_nibbles(codes)

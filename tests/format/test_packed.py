@@ -7,7 +7,7 @@ import torch
 
 from fp4quant import Packed, QuantConfig, dequantize, quantize
 from fp4quant.format.config import PRESETS
-from fp4quant.format.packed import layout
+from fp4quant.format.packed import join_messages, layout, slice_messages
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -84,6 +84,47 @@ def test_from_bytes_rejects_wrong_size_and_type():
         Packed.from_bytes(buf.float(), (256,), torch.float32, config)
     with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
         Packed.from_bytes(buf, (256,), torch.int32, config)
+
+
+@pytest.mark.parametrize("shape", [(2**40, 2**40), (2**62, 4, 0), (2**63,), (2**64 + 1,), (3, 2**62)])
+def test_from_bytes_refuses_a_shape_whose_element_count_overflows(shape):
+    # torch.Size.numel() wraps around past int64: (2**40, 2**40) would count 0 values
+    empty = torch.empty(0, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"shape \(.*\) is too large") as info:
+        Packed.from_bytes(empty, shape, torch.float32, "fp4quant")
+    assert str(tuple(shape)) in str(info.value)
+    with pytest.raises(ValueError, match="too large"):
+        Packed(empty, empty, torch.empty(0), shape, torch.float32, QuantConfig())
+    assert Packed.from_bytes(empty, (3, 0, 5), torch.float32, "fp4quant").numel == 0  # zero sizes stay fine
+
+
+@pytest.mark.parametrize("name", [p for p in PRESETS if p not in ("nvfp4", "bf16")])
+def test_slice_and_join_messages_at_block_boundaries(name):
+    """A block-aligned piece of a message is the message of that piece's values, and pieces
+    join back into the message (the chunked two-shot re-quantizes a shard piece by piece)."""
+    config = QuantConfig.preset(name)
+    B = config.block
+    n = 5 * B + 3
+    x = torch.randn(2, n, generator=torch.Generator().manual_seed(0))
+    msgs = torch.stack([quantize(row, config).to_bytes() for row in x])
+    padded = torch.nn.functional.pad(x, (0, 6 * B - n))
+    for a, b in [(0, B), (B, 3 * B), (2 * B, 6 * B), (0, 6 * B), (3 * B, 3 * B)]:
+        want = torch.stack([quantize(row[a:b].contiguous(), config).to_bytes() for row in padded])
+        assert torch.equal(slice_messages(msgs, n, config, a, b), want), (a, b)
+    parts = [slice_messages(msgs, n, config, a, b)[1] for a, b in [(0, B), (B, 3 * B), (3 * B, 6 * B)]]
+    assert torch.equal(join_messages(parts, [B, 2 * B, n - 3 * B], config), msgs[1])
+
+
+def test_slice_messages_refuses_what_is_not_block_local():
+    config = QuantConfig.preset("nvfp4")
+    with pytest.raises(ValueError, match="per-tensor scale"):
+        slice_messages(torch.zeros(1, layout(64, config).nbytes, dtype=torch.uint8), 64, config, 0, 16)
+    config = QuantConfig(group=256)
+    msgs = torch.zeros(1, layout(512, config).nbytes, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="not a multiple of the block"):
+        slice_messages(msgs, 512, config, 0, 100)
+    with pytest.raises(ValueError, match="not within"):
+        slice_messages(msgs, 512, config, 256, 768)
 
 
 @pytest.mark.skipif(not hasattr(torch, "float4_e2m1fn_x2"), reason="torch has no float4_e2m1fn_x2")

@@ -25,13 +25,17 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def inputs(rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """Values across 12 decades with outliers, non-finite values, zero runs and ties."""
+    """Values across 12 decades with outliers, non-finite values, zero runs, ties and signed
+    zeros (bits_equal tells -0.0 from +0.0)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, n, generator=g) * torch.logspace(-4, 4, rows)[:, None]
     if n >= 64:
         x[0, 3] = float("nan")
         x[-1, n // 2] = float("inf")
         x[:, 16:32] = 0.0
+        x[:, 33:36] = -0.0
+        x[:, 36:40] = -x[:, 36:40].abs() * 1e-7  # negatives that round to zero
+        x[1:, 48:64] = -0.0  # a micro-group of negative zeros
         x[0, 40:48] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])  # E2M1 ties at scale 1
         x[0, 40 + 8] = 6.0
     return x.to(dtype)

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from helpers import DTYPES, nmse
-from fp4quant import QuantConfig, dequantize, quantize
+from fp4quant import QuantConfig, dequantize, ops, quantize
 from fp4quant.format.config import PRESETS
+from fp4quant.reference import codec
 from fp4quant.reference import quantize as reference_quantize
 
 COMPRESSED = [p for p in PRESETS if p != "bf16"]
@@ -144,6 +145,51 @@ def test_all_zero_groups_decode_to_exact_zeros(name, gen):
     y = round_trip(x.reshape(-1), config).view(4, G)
     assert bool((y[1] == 0).all()) and bool((y[3] == 0).all())
     assert bool((round_trip(torch.zeros(1000), QuantConfig.preset(name)) == 0).all())
+
+
+@pytest.mark.parametrize("name", COMPRESSED)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_zero_signs_survive_a_round_trip_where_the_format_has_them(name, dtype, gen):
+    """e2m1 / e4m3 keep the sign of a zero, and of a negative that rounds to zero, as a float
+    cast does; int4 has no negative zero; the FWHT keeps no per-value sign of a zero."""
+    config = QuantConfig.preset(name)
+    G = config.block
+    x = torch.randn(3, G, generator=gen)
+    pick = torch.rand(G, generator=gen)
+    x[0, pick < 0.25] = -0.0  # negative zeros among ordinary values
+    tiny = (pick >= 0.25) & (pick < 0.5)
+    x[0, tiny] = -x[0, tiny].abs() * 1e-7  # negatives that round to zero
+    x[1] = -0.0  # an all-negative-zero block
+    x[2, ::2], x[2, 1::2] = 0.0, -0.0
+    x = x.reshape(-1).to(dtype)
+    ref = codec.dequantize(codec.quantize(x, config))
+    assert torch.equal(ref.view(torch.uint8), round_trip(x, config).view(torch.uint8))  # the kernels: same bits
+    zero = ref == 0
+    assert bool(zero[G:].all())  # all-zero blocks decode to zeros
+    if config.fwht != "none":
+        return  # a zero's sign is that of the inverse transform's sum (reference/codec.py)
+    assert bool(zero[: G][pick < 0.5].all())
+    if config.element == "int4":
+        assert not torch.signbit(ref[zero]).any()
+    else:
+        assert torch.equal(torch.signbit(ref[zero]), torch.signbit(x[zero]))
+
+
+@pytest.mark.parametrize("name", ["no_fwht", "mxfp4", "fp8"])
+def test_a_sum_of_zeros_is_negative_only_where_every_term_is(name):
+    """dequantize_reduce adds in IEEE float32: -0 + -0 = -0, -0 + +0 = +0 (either order)."""
+    config = QuantConfig.preset(name)
+    n = 2 * config.block
+    neg, pos = torch.full((1, n), -0.0), torch.zeros(1, n)
+    for rows, negative in (((neg, neg), True), ((neg, pos), False), ((pos, neg), False), ((pos, pos), False)):
+        msgs = codec.quantize_rows(torch.cat(rows), config)
+        assert torch.equal(msgs, ops.quantize_rows(torch.cat(rows), config))
+        sums = codec.dequantize_reduce(msgs, n, config, torch.float32, requantize=False)
+        requantized = codec.dequantize_reduce(msgs, n, config, torch.float32, requantize=True)
+        decoded = codec.dequantize_rows(requantized[None], n, config, torch.float32, saturate=False)[0]
+        assert torch.equal(requantized, ops.dequantize_reduce(msgs, n, config, torch.float32, True))
+        for y in (sums, decoded, ops.dequantize_reduce(msgs, n, config, torch.float32, False)):
+            assert bool((y == 0).all()) and torch.signbit(y).tolist() == [negative] * n, (name, negative)
 
 
 def nan_expectation(name: str, numel: int, pos: int) -> slice:
