@@ -1,6 +1,6 @@
 """Freeze a complete workflow run into a reference folder, kept in git apart from what runs produce.
 
-    python -m fp4quant.analysis freeze --profile cpu --to reference/cpu-amd-epyc-2core
+    python -m fp4quant.analysis freeze --profile cpu --to reference/<name>
 
 copies data/<profile>/ (without token files and checkpoints), the figures and the LaTeX
 tables into <to>/data/<profile>/, <to>/figures/, <to>/tables/, and writes <to>/README.md
@@ -8,12 +8,22 @@ saying what produced them.  It refuses a run whose results, figures and tables d
 come from one machine, commit and torch (see .origin), whose figures and tables were made
 for another profile or are missing, with a training run that is not complete, or with a
 table comparing runs that do not belong together (see .comparable).
+
+A frozen run stays small (``slim``): what a reviewer reads stays as plain files (the README,
+figures, tables, result and benchmark CSVs with their .meta.json, each run's summary.json,
+the cluster's records); the raw logs (is_raw: each training run's log.jsonl, the jobs' *.log,
+the unit tests' output, the step model's validation folders) go into one archive,
+<to>/raw.tar.xz, under their paths relative to <to> (``tar -xJf raw.tar.xz`` in <to> puts
+them back), and a CSV over BIG_CSV_BYTES is xz-compressed in place as <name>.csv.xz (which
+pandas reads as it is).
 """
 
 from __future__ import annotations
 
 import csv
+import lzma
 import shutil
+import tarfile
 import time
 from pathlib import Path
 
@@ -35,6 +45,17 @@ RUN_MARKS = (*RUN_FILES, "checkpoints", "workflow_job.json", "cluster.json")
 # the result tables that compare training runs side by side, naming each in their run column
 # (written by the analysis steps collect, throughput and study, which checked them as they wrote them)
 COMPARED_TABLES = {"training.csv", "curves.csv", "throughput.csv", "breakdown.csv", "convergence.csv"}
+# the slim layout (see the module's docstring): the archive of the raw logs, the folders whose
+# files are all raw (as runs of path parts: the unit tests' output, the step model's validation
+# with its probes and runs), and the size above which a CSV is kept xz-compressed
+RAW_ARCHIVE = "raw.tar.xz"
+RAW_FOLDERS = (("logs",), ("tests",), ("cluster", "validation"))
+BIG_CSV_BYTES = 64_000
+# the kinds of raw logs, as the README names what the archive holds
+RAW_KINDS = (("each training run's `log.jsonl`", lambda r: r.name == "log.jsonl"),
+             ("the jobs' `*.log`", lambda r: r.suffix == ".log"),
+             ("the unit tests' output", lambda r: "tests" in r.parts[:-1]),
+             ("the model validation's probes and runs", lambda r: "validation" in r.parts[:-1]))
 
 
 def run_files(data: Path) -> list[Path]:
@@ -79,13 +100,12 @@ def check_training_runs(data: Path) -> None:
 
 
 def made_from_run(figures: Path, tables: Path, data: Path) -> list[Path]:
-    """The figures and tables the run's results make (projection, traffic, the model's validation,
-    the step breakdown and the regime only where the run has them: runs before the split codec
-    timers have no breakdown)."""
+    """The figures and tables the run's results make (the projection, the model's validation and
+    the regime only where the run has them: the workflow makes them on the emulated cluster only)."""
     results = data / "results"
-    optional = {"projection": results / "projection.csv", "traffic": data / "bench" / "traffic.csv",
-                "validation": results / "model_validation.csv", "model_validation": results / "model_validation.csv",
-                "breakdown": results / "breakdown.csv", "regime": results / "regime.csv"}
+    optional = {"projection": results / "projection.csv", "validation": results / "model_validation.csv",
+                "model_validation": results / "model_validation.csv", "regime": results / "regime.csv"}
+
     def has(name: str) -> bool:  # a result with a header and at least one row
         path = optional.get(name)
         return path is None or (path.exists() and len(path.read_text().splitlines()[:2]) == 2)
@@ -93,9 +113,50 @@ def made_from_run(figures: Path, tables: Path, data: Path) -> list[Path]:
     return [figures / f"{n}.pdf" for n in FIGURES if has(n)] + [tables / f"{n}.tex" for n in (*TABLES, "regime") if has(n)]
 
 
+def is_raw(rel: Path) -> bool:
+    """Whether a file of a frozen run (``rel``: its path inside the reference folder) is a raw log,
+    kept in RAW_ARCHIVE: a training run's per-step log.jsonl, a job's *.log, or any file of the
+    RAW_FOLDERS."""
+    parts = rel.parts[:-1]
+    return (rel.name == "log.jsonl" or rel.suffix == ".log"
+            or any(parts[i:i + len(f)] == f for f in RAW_FOLDERS for i in range(len(parts))))
+
+
+def slim(folder: str | Path) -> dict[str, list[str]]:
+    """Put a frozen run into the slim layout (the module's docstring): its raw logs (is_raw) into
+    ``folder``/RAW_ARCHIVE under their paths relative to ``folder``, and each CSV over BIG_CSV_BYTES
+    xz-compressed in place; folders left empty go.  Returns what it did ({"packed": [...],
+    "compressed": [...]}: paths relative to ``folder``)."""
+    folder = Path(folder)
+    archive = folder / RAW_ARCHIVE
+    if archive.exists():
+        raise FileExistsError(f"{archive} already exists: {folder} is slim already")
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    raw = [p for p in files if is_raw(p.relative_to(folder))]
+    big = [p for p in files if p.suffix == ".csv" and p not in raw and p.stat().st_size > BIG_CSV_BYTES]
+    if raw:
+        with tarfile.open(archive, "w:xz") as tar:
+            for p in raw:  # owner-free entries in a fixed order: the same files give the same archive
+                info = tar.gettarinfo(p, arcname=p.relative_to(folder).as_posix())
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                with open(p, "rb") as f:
+                    tar.addfile(info, f)
+    for p in raw:
+        p.unlink()
+    for p in big:
+        p.with_name(p.name + ".xz").write_bytes(lzma.compress(p.read_bytes()))
+        p.unlink()
+    for d in sorted((d for d in folder.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
+        if not any(d.iterdir()):
+            d.rmdir()
+    return {"packed": [p.relative_to(folder).as_posix() for p in raw],
+            "compressed": [p.relative_to(folder).as_posix() for p in big]}
+
+
 def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str | Path = "figures",
            tables: str | Path = "paper/tables", command: str = "make figures") -> dict:
-    """Copy one complete, consistent run into ``to``; return its provenance."""
+    """Copy one complete, consistent run into ``to`` in the slim layout; return its provenance."""
     src, dest = Path(data) / profile, Path(to)
     if not (src / "results").is_dir():
         raise FileNotFoundError(f"{src}/results: no results of profile {profile} to freeze (run the workflow first)")
@@ -109,7 +170,7 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
     for p in made:
         stamped = read_stamp(p).get("profile")
         if stamped != profile:
-            raise MixedOrigin(f"{p} was made for profile {stamped or '(unknown: made before figures were stamped)'}, "
+            raise MixedOrigin(f"{p} was made for profile {stamped or '(none: it has no provenance stamp)'}, "
                               f"not {profile}; rerun the workflow for {profile} before freezing")
     origin = check_same_origin([p for p in files if p.suffix in (".csv", ".json") and not p.name.endswith(".meta.json")
                                 and p.name != "meta.json"] + made)
@@ -127,14 +188,33 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
         target = dest / ("figures" if p.suffix == ".pdf" else "tables") / p.name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(p, target)
-    (dest / "README.md").write_text(readme(profile, dest, origin, command))
+    packed = slim(dest)
+    (dest / "README.md").write_text(readme(profile, dest, origin, command, packed))
     return origin
 
 
-def readme(profile: str, dest: Path, origin: dict, command: str) -> str:
+def packed_paragraph(packed: dict[str, list[str]]) -> str:
+    """The README's first paragraph: what ``slim`` packed and compressed, and how to undo it."""
+    said = []
+    if packed["packed"]:
+        raw = [Path(p) for p in packed["packed"]]
+        kinds = [name for name, of in RAW_KINDS if any(of(r) for r in raw)]
+        said.append(f"the raw logs ({', '.join(kinds)}; {len(raw)} files) are packed into `{RAW_ARCHIVE}` under "
+                    f"their paths here: `tar -xJf {RAW_ARCHIVE}` in this folder puts them back")
+    if packed["compressed"]:
+        big = packed["compressed"]
+        over = f"over {BIG_CSV_BYTES // 1000} KB"
+        which = f"the {len(big)} CSVs {over} are" if len(big) > 1 else f"`{big[0]}`, the one CSV {over}, is"
+        said.append(f"{which} xz-compressed in place (`<name>.csv.xz`: `xz -dk` it, or pandas reads it as it is)")
+    return f"Kept small: {'; '.join(said)}.\n\n" if said else ""
+
+
+def readme(profile: str, dest: Path, origin: dict, command: str,
+           packed: dict[str, list[str]] | None = None) -> str:
     hardware = "; ".join(origin["hardware"])
     return (
         f"# Reference results: {hardware}\n\n"
+        + packed_paragraph(packed or {"packed": [], "compressed": []}) +
         f"A complete run of the workflow's profile `{profile}`, frozen on {time.strftime('%Y-%m-%d')} with\n"
         f"`python -m fp4quant.analysis freeze --profile {profile} --to {dest}`.\n"
         "Compare a run of your own against it; a run never reads it.\n\n"
@@ -142,6 +222,6 @@ def readme(profile: str, dest: Path, origin: dict, command: str) -> str:
         f"- hardware: {hardware}\n"
         f"- commit: {origin['commit']}\n"
         f"- torch: {origin['torch']}\n\n"
-        f"`data/{profile}/`: the workflow's raw logs, run summaries, benchmark CSVs and tidy results "
+        f"`data/{profile}/`: the workflow's run summaries, benchmark CSVs and tidy results "
         "(without token files and checkpoints); `figures/`: the paper's figures; `tables/`: its LaTeX tables.\n"
     )

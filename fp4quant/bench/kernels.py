@@ -1,6 +1,6 @@
 """Throughput of the codec kernels against the memory-bound limit measured in the same run.
 
-    python -m fp4quant.bench.kernels [--device cpu|cuda] [--out data/kernels_cpu.csv] [--threads 1,2] [--quick]
+    python -m fp4quant.bench.kernels [--device cpu|cuda] [--out OUT.csv] [--threads 1,2] [--quick]
 
 For each torch thread count (default 1 and all) and input size 64 KiB .. 256 MiB (bytes of the
 float32 input), in one run:

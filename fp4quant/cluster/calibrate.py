@@ -197,14 +197,14 @@ class InStepCollectives(CollectiveGaps):
 
     Why: the probe's small transfers after idle gaps read a latency that moves up to 2x from
     one set of steps to the next, and fp4quant's bare exchanges, even with the run's bytes,
-    6-17% under the run's (reference/cpu-amd-epyc-zen4-2core-instep-transfers-5a111fe/);
-    on the 2-core VM skipping a sleep of about 70 us before each exchange slowed it by 0.6-0.8
-    ms (run3/ there), so only the run's own code path meets the host's scheduling as the run
-    does (in these steps still 0.25-0.4 ms a wire step slower than in the training runs,
-    run3/).  A ``fraction`` below 1 sends other bytes than the run, so that the run's
-    communication is still a prediction (fp4quant.perfmodel.validate fits the latency to
-    these calls' time where a case has no latency runs; it prefers those: the trainer itself
-    with fewer tokens a step on the same link)."""
+    6-17% under the run's (scripts/instep_transfers.sh at 5a111fe, kept in git's history: `git show
+    886e2d1:reference/cpu-amd-epyc-zen4-2core-instep-transfers-5a111fe/README.md`); on the 2-core
+    VM skipping a sleep of about 70 us before each exchange slowed it by 0.6-0.8 ms (run3/ there),
+    so only the run's own code path meets the host's scheduling as the run does (in these steps
+    still 0.25-0.4 ms a wire step slower than in the training runs, run3/).  A ``fraction``
+    below 1 sends other bytes than the run, so that the run's communication is still a prediction
+    (fp4quant.perfmodel.validate fits the latency to these calls' time where a case has no
+    latency runs; it prefers those: the trainer itself with fewer tokens a step on the same link)."""
 
     def __init__(self, net: Qwen2ForCausalLM, config: CommConfig, world: int, fraction: float):
         if world < 2:

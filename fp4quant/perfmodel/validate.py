@@ -10,45 +10,38 @@ link with fewer tokens a step, so other bytes, than the runs it helps predict).
 For each run, over its steady steps (the first ``--skip`` fraction dropped: start-up,
 the first step's cross-rank validation), the trainer's own timers give
 
-measured   total = step_time_s; codec = the codec timers (quantize_s + dequantize_s of
-           both directions); communication = comm_least_s of both directions, the least
-           over the ranks of a step's seconds in the TP collectives (blocking: all of it is
-           exposed); wait = comm_s - comm_least_s, the logging rank's waits in them for a
-           slower peer beyond that (logs without comm_least_s: communication = comm_s, the
-           waits included, and no wait row); scalar = scalar_comm_s, the trainer's small
-           uncompressed all-reduces (loss statistics, gradient norm, non-finite check; a wait
-           for a slower peer included); compute = total - codec - communication - wait -
-           scalar (everything else; logs without scalar_comm_s count the scalar all-reduces
-           in compute, on both sides)
+measured   total = step_time_s; codec = the codec timers (codec_s of both directions, split
+           into quantize_s and dequantize_s); communication = comm_least_s of both
+           directions, the least over the ranks of a step's seconds in the TP collectives
+           (blocking: all of it is exposed); wait = comm_s - comm_least_s, the logging rank's
+           waits in them for a slower peer beyond that; scalar = scalar_comm_s, the trainer's
+           small uncompressed all-reduces (loss statistics, gradient norm, non-finite check; a
+           wait for a slower peer included); compute = total - codec - communication - wait -
+           scalar (everything else)
 
 and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone (with
 bracketing probes after the runs, its per-step inputs averaged over them: see bracketed): FLOP/s
 of a rank while all compute, cut by idle gaps where the run's all-reduces are, as long as
 they take under the run's comm (the probe's compute_by_comm); the codec at the all-reduce's
-shapes and rounding, timed inside the run's own all-reduces in the probe's steps (older
-probes: inside those steps where the run runs it, between idle gaps, or inside real
-compressed all-reduces in a loop); the link fitted to its all-reduces (model.fit_link: the slope of the
-medians) with the token bucket's depth from the record, and its latency per wire step the one at which the model
-gives the communication of the case's latency run under the run's comm (latency_for_comm:
-the trainer's own collectives on the same link, with half the tokens a step in the workflow;
+shapes and rounding, timed inside the run's own all-reduces in the probe's steps; the link
+fitted to its all-reduces (model.fit_link: the slope of the medians) with the token bucket's
+depth from the record, and its latency per wire step the one at which the model gives the
+communication of the case's latency run under the run's comm (latency_for_comm: the
+trainer's own collectives on the same link, with half the tokens a step in the workflow;
 cases without latency runs: the probe's in-step collectives, the run's own all-reduces of
-part of each tensor inside its steps; older probes: as the probe's in-step small transfers
-met it under the run's comm, or the smallest message's mean over the probe's many, where it
-rides on the burst); the scalar all-reduces as the probe timed them inside its steps; the ranks'
-skew (a rank's wait for a slower one: the wait row, or inside communication for older logs).
-Nothing is fitted to the runs validated.  Why latency runs: on the 2-core VM the probe's
-in-step collectives met the link 0.25-0.4 ms a wire step more slowly than the trainer's
-runs, by an amount that moved from batch to batch of probes (reference/README.md); a
-latency run meets the link as the runs do, and differs from them only in its bytes, which
-the model's link must then account for (README: the step model, part by part).  Rows: config,
-comm, component (compute, quantize, dequantize, codec, communication, wait, scalar, total),
-measured_s (mean over the steady steps) and its SD, predicted_s, rel_error
-(predicted / measured - 1); on the communication row, measured_link_s: the mean of the
-logs' comm_link_s (the link's time with no wait for a peer's arrival in it, whichever rank
-is last: how much of the least over the ranks is such waits; empty for older logs).
-
-Logs written before the codec timer was split (no ``codec_s``: their ``quantize_s`` was
-the whole codec) give the codec but not its split.
+part of each tensor inside its steps; probes without those, --collective-fraction 0: as the
+probe's in-step small transfers met it under the run's comm); the scalar all-reduces as the
+probe timed them inside its steps; the ranks' skew (a rank's wait for a slower one: the wait
+row).  Nothing is fitted to the runs validated.  Why latency runs: on the 2-core VM the
+probe's in-step collectives met the link 0.25-0.4 ms a wire step more slowly than the
+trainer's runs, by an amount that moved from batch to batch of probes; a latency run meets
+the link as the runs do, and differs from them only in its bytes, which the model's link
+must then account for (README: the step model, part by part).  Rows: config, comm, component
+(compute, quantize, dequantize, codec, communication, wait, scalar, total), measured_s (mean
+over the steady steps) and its SD, predicted_s, rel_error (predicted / measured - 1); on the
+communication row, measured_link_s: the mean of the logs' comm_link_s (the link's time with
+no wait for a peer's arrival in it, whichever rank is last: how much of the least over the
+ranks is such waits; empty where the trainer did not time the link, fp4quant.train.loop).
 """
 
 from __future__ import annotations
@@ -66,8 +59,6 @@ from .model import Machine, Workload, fit_link, step
 
 LATENCY_PREFIX = "latency:"  # a --case argument naming a latency run (LatencyRun), not a run to validate
 COMPONENTS = ("compute", "quantize", "dequantize", "codec", "communication", "wait", "scalar", "total")
-# keys under which an emulation that stretches the codec (sleeps in proportion) records its factor
-CODEC_STRETCH_KEYS = ("codec_stretch", "codec_dilation")
 
 
 def read_log(run: Path) -> list[dict]:
@@ -89,49 +80,29 @@ def steady(records: list[dict], skip: float) -> list[dict]:
     return records[drop:]
 
 
-def _codec_fields(r: dict, d: str) -> tuple[float, float | None, float | None]:
-    """(codec, quantize, dequantize) seconds of direction ``d``; the split is None in old logs."""
-    if f"{d}_codec_s" in r:
-        return r[f"{d}_codec_s"], r.get(f"{d}_quantize_s", 0.0), r.get(f"{d}_dequantize_s", 0.0)
-    return r.get(f"{d}_quantize_s", 0.0), None, None
-
-
 def measured_components(records: list[dict]) -> dict[str, list[float]]:
     """Per step: each component's seconds (see the module doc)."""
     out: dict[str, list[float]] = {c: [] for c in COMPONENTS}
-    split = True
-    scalar_timed = all("scalar_comm_s" in r for r in records)
-    least_timed = all(f"{d}_comm_least_s" in r for r in records for d in ("fwd", "bwd"))
     for r in records:
         codec = quant = dequant = comm = least = 0.0
         for d in ("fwd", "bwd"):
-            c, q, dq = _codec_fields(r, d)
-            codec += c
-            comm += r.get(f"{d}_comm_s", 0.0)
-            least += r[f"{d}_comm_least_s"] if least_timed else r.get(f"{d}_comm_s", 0.0)
-            if q is None:
-                split = False
-            else:
-                quant, dequant = quant + q, dequant + dq
-        total = r["step_time_s"]
-        scalar = r["scalar_comm_s"] if scalar_timed else 0.0
+            codec += r[f"{d}_codec_s"]
+            quant += r[f"{d}_quantize_s"]
+            dequant += r[f"{d}_dequantize_s"]
+            comm += r[f"{d}_comm_s"]
+            least += r[f"{d}_comm_least_s"]
+        total, scalar = r["step_time_s"], r["scalar_comm_s"]
         for name, value in (("total", total), ("codec", codec), ("communication", least), ("wait", comm - least),
                             ("scalar", scalar), ("compute", total - codec - comm - scalar), ("quantize", quant),
                             ("dequantize", dequant)):
             out[name].append(value)
-    if not split:
-        del out["quantize"], out["dequantize"]
-    if not scalar_timed:
-        del out["scalar"]
-    if not least_timed:
-        del out["wait"]
     return out
 
 
 def link_seconds(records: list[dict]) -> list[float] | None:
     """Per step, comm_link_s of both directions (the link's time in the TP collectives: no
     rank's wait for a slower peer in it, whichever rank is last; fp4quant.train logs it where
-    the ranks share a clock); None for logs without it."""
+    the ranks share a clock); None where it did not."""
     if not all(f"{d}_comm_link_s" in r for r in records for d in ("fwd", "bwd")):
         return None
     return [r["fwd_comm_link_s"] + r["bwd_comm_link_s"] for r in records]
@@ -184,8 +155,7 @@ def latency_for_comm(w: Workload, m: Machine, comm: str, comm_s: float, most_s: 
     return high
 
 
-def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1.0,
-                       comm: str | None = None, workload: Workload | None = None,
+def machine_from_probe(probe: dict, burst_bytes: float, comm: str | None = None, workload: Workload | None = None,
                        latency_run: LatencyRun | None = None) -> tuple[Machine, dict]:
     """The emulated machine as the probe measured it (see fp4quant.perfmodel.probe), its
     compute as the probe timed it under ``comm``'s waits where the probe has that; its
@@ -194,27 +164,25 @@ def machine_from_probe(probe: dict, burst_bytes: float, codec_stretch: float = 1
     else, with ``workload`` (the run's) and the probe's in-step collectives of ``comm``, of
     those (at their share of each tensor)."""
     link = sorted(probe["link"], key=lambda r: r["size_bytes"])
-    by_comm = probe.get("compute_by_comm", {})
-    compute = by_comm.get(comm) or by_comm.get("bf16") or probe  # a comm it did not time: BF16's waits
-    # medians for the bandwidth's slope; the smallest message's mean (where the probe has it)
-    # for the latency of older probes, which a run's many small all-reduces add up to
-    latencies = [r.get("latency_mean_s", r["latency_s"]) if i == 0 else r["latency_s"] for i, r in enumerate(link)]
+    by_comm = probe["compute_by_comm"]
+    compute = by_comm.get(comm) or by_comm["bf16"]  # a comm it did not time: BF16's waits
+    # medians for the bandwidth's slope; the smallest message's mean over the probe's many for
+    # the latency, which a run's many small all-reduces add up to
+    latencies = [r["latency_mean_s"] if i == 0 else r["latency_s"] for i, r in enumerate(link)]
     alpha, bw = fit_link([r["size_bytes"] for r in link], latencies, probe["world"], burst_bytes)
     # the latency as the run's own primitives met it after compute, where the probe timed that
     source = "in-step transfers" if "wire_step_latency_s" in compute else "link fit"
     alpha = compute.get("wire_step_latency_s", alpha)
-    # the codec inside the run's own all-reduces in the probe's steps, else as the gapped steps
-    # timed it (in place, where the run runs it), else in loops
-    table = (compute.get("collective_codec_values_per_s") or compute.get("codec_values_per_s")
-             or probe["codec_values_per_s"])
-    codec = {k: {op: v / codec_stretch for op, v in ops.items()} for k, ops in table.items()}
+    # the codec inside the run's own all-reduces in the probe's steps (a comm without a codec,
+    # BF16, has none there: the probe's loops stand in, unused)
+    table = compute.get("collective_codec_values_per_s") or probe["codec_values_per_s"]
+    codec = {k: dict(ops) for k, ops in table.items()}
     m = Machine(name="emulated cluster (probed)", rank_flops=compute["rank_flops"], inter_bw=bw, inter_latency=alpha,
                 intra_bw=bw, intra_latency=alpha, ranks_per_node=1, codec_values_per_s=codec,
                 burst_bytes=burst_bytes,
-                scalar_allreduce_s=compute.get("scalar_allreduce_s", probe.get("exact_allreduce_s")),
-                skew_s=compute.get("skew_s", 0.0))
+                scalar_allreduce_s=compute["scalar_allreduce_s"], skew_s=compute["skew_s"])
     fit = {"fitted_latency_s": alpha, "latency_source": source, "fitted_bandwidth_Bps": bw,
-           "burst_bytes": burst_bytes, "codec_stretch": codec_stretch}
+           "burst_bytes": burst_bytes}
     if latency_run is not None:
         if comm is None or latency_run.comm != comm:
             raise ValueError(f"{latency_run.run}: a latency run under {latency_run.comm} cannot give the latency "
@@ -273,12 +241,9 @@ def bracketed(probes: list[dict], names: list[str]) -> dict:
                              f"{names[0]} {first['world']} and {first['message_values']}")
     if not later:
         return first
-    if "bf16" not in first.get("compute_by_comm", {}):
-        raise ValueError(f"{names[0]}: a probe from before the per-comm gapped steps (no compute_by_comm "
-                         f"for bf16) cannot be bracketed; validate it alone")
     by_comm = {}
-    for comm, entry in first.get("compute_by_comm", {}).items():
-        missing = [name for p, name in zip(later, names[1:]) if comm not in p.get("compute_by_comm", {})]
+    for comm, entry in first["compute_by_comm"].items():
+        missing = [name for p, name in zip(later, names[1:]) if comm not in p["compute_by_comm"]]
         if missing:
             raise ValueError(f"{', '.join(missing)}: no steps timed under {comm}, which {names[0]} timed")
         entries = [entry] + [p["compute_by_comm"][comm] for p in later]
@@ -289,16 +254,11 @@ def bracketed(probes: list[dict], names: list[str]) -> dict:
             "skew_s": by_comm["bf16"]["skew_s"]}
 
 
-def predicted_components(w: Workload, m: Machine, comm: str, scalar_apart: bool = True,
-                         wait_apart: bool = True) -> dict[str, float]:
-    """``scalar_apart``: the scalar all-reduces as a component of their own (the runs time them),
-    else inside compute (older runs); ``wait_apart``: the skew as the wait component (the runs
-    time the collectives' least over the ranks), else inside communication (older runs)."""
+def predicted_components(w: Workload, m: Machine, comm: str) -> dict[str, float]:
+    """The model's seconds a step of each component (COMPONENTS)."""
     s = step(w, m, comm)
-    return {"compute": s.compute_s + (0.0 if scalar_apart else s.scalar_s), "scalar": s.scalar_s,
-            "quantize": s.quantize_s, "dequantize": s.dequantize_s, "codec": s.codec_s,
-            "communication": s.exposed_comm_s + (0.0 if wait_apart else s.skew_s), "wait": s.skew_s,
-            "total": s.total_s}
+    return {"compute": s.compute_s, "scalar": s.scalar_s, "quantize": s.quantize_s, "dequantize": s.dequantize_s,
+            "codec": s.codec_s, "communication": s.exposed_comm_s, "wait": s.skew_s, "total": s.total_s}
 
 
 def _record(run: Path) -> dict:
@@ -342,30 +302,25 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float,
         summary = json.loads((run / "summary.json").read_text())
         cfg = summary["provenance"]["config"]
         record = _record(run)
-        cal = record.get("calibration") or {}
-        stretch = next((float(src[k]) for src in (record, cal) for k in CODEC_STRETCH_KEYS if k in src), 1.0)
         w = run_workload(summary)
         rate = record.get("link_rate_mbit")
         latency_run = _latency_run_for(latency, run, cfg["comm"], w, rate)
-        machine, fit = machine_from_probe(probe, float(record.get("link_burst_bytes", 0)), stretch, cfg["comm"], w,
-                                          latency_run)
+        burst = float(record.get("link_burst_bytes", 0))
+        machine, fit = machine_from_probe(probe, burst, cfg["comm"], w, latency_run)
         if not rate:
             name = f"{cfg['comm']} ({run.name})"
-        elif record.get("emulated", True):
+        elif record["emulated"]:
             name = f"{cfg['comm']} @ {rate:g} Mbit/s"
         else:  # the cluster fell back to loopback: the rate was asked for, not shaped
             name = f"{cfg['comm']} (loopback; {rate:g} Mbit/s asked)"
         fits[name] = {**fit, "run": str(run), "emulated": record.get("emulated"), "probes": [str(p) for p in paths],
-                      **{k: probe.get("compute_by_comm", {}).get(cfg["comm"], {}).get(k)
+                      **{k: probe["compute_by_comm"].get(cfg["comm"], {}).get(k)
                          for k in ("rank_flops_by_probe", "wire_step_latency_s_by_probe", "collective_comm_s_by_probe")}}
         records = steady(read_log(run), skip)
         measured = measured_components(records)
         link = link_seconds(records)
-        predicted = predicted_components(w, machine, cfg["comm"], scalar_apart="scalar" in measured,
-                                         wait_apart="wait" in measured)
+        predicted = predicted_components(w, machine, cfg["comm"])
         for comp in COMPONENTS:
-            if comp not in measured:
-                continue
             values = measured[comp]
             mean = statistics.fmean(values)
             pred = predicted[comp]
@@ -374,7 +329,7 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float,
                 "measured_s": mean, "measured_sd_s": statistics.stdev(values) if len(values) > 1 else 0.0,
                 "predicted_s": pred, "rel_error": pred / mean - 1 if mean > 0 else ("" if pred == 0 else float("inf")),
                 "steps": len(values), "run": str(run), "probe": " ".join(str(p) for p in paths),
-                "probe_load_1min": probe.get("load_average_1min", ""),
+                "probe_load_1min": probe["load_average_1min"],
                 "latency_run": str(latency_run.run) if latency_run else "",
                 "measured_link_s": statistics.fmean(link) if link and comp == "communication" else "",
             })
@@ -383,18 +338,18 @@ def case_rows(probe_path: Path | list[Path], runs: list[Path], skip: float,
 
 def probes_said(df) -> str:
     """How the rows' predictions were probed, in words (for captions)."""
-    probes = df["probe"].astype(str) if "probe" in df else []
+    probes = df["probe"].astype(str)
     said = ("probes of the same links and ranks before and after the runs (their mean)"
             if len(probes) and all(" " in p for p in probes) else "a probe of the same links and ranks")
-    latency = df["latency_run"].fillna("").astype(str) if "latency_run" in df else []
+    latency = df["latency_run"].astype("string").fillna("")
     if len(latency) and all(latency):
         said += ", the latency from the trainer's runs on each link with fewer tokens a step"
     return said
 
 
 def summary(df):
-    """One row per (config, component) over its repeats (model_validation.csv's rows; a CSV
-    without the ``repeat`` column is one repeat): measured_s and predicted_s their means,
+    """One row per (config, component) over its repeats (model_validation.csv's rows):
+    measured_s and predicted_s their means,
     measured_sd_s the SD of the repeats' means (one repeat: its SD over steady steps),
     rel_error the mean of the repeats' errors and rel_error_min / _max their range."""
     import pandas as pd

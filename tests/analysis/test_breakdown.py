@@ -91,7 +91,8 @@ def validation_frame(wait: bool = False) -> pd.DataFrame:
             parts[2:3] = [("communication", 0.296, 0.33), ("wait", 0.004, 0.002)]
         for comp, m, p in parts:
             rows.append({**ORIGIN, "config": config, "comm": config.split()[0], "component": comp, "measured_s": m,
-                         "measured_sd_s": 0.01, "predicted_s": p, "rel_error": p / m - 1 if m else ""})
+                         "measured_sd_s": 0.01, "predicted_s": p, "rel_error": p / m - 1 if m else "",
+                         "probe": "probe.json", "latency_run": ""})
     return pd.DataFrame(rows)
 
 

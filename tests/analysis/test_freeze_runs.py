@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import pandas as pd
@@ -72,7 +73,9 @@ def freeze(root: Path, to: Path) -> int:
 
 def test_a_complete_run_of_runs_that_belong_together_is_frozen(run, tmp_path):
     assert freeze(run, tmp_path / "ref") == 0  # throughput runs of their own shape, compared among themselves
-    assert (tmp_path / "ref/data/cpu/runs/tiny/fp4quant/seed0/log.jsonl").exists()
+    assert (tmp_path / "ref/data/cpu/runs/tiny/fp4quant/seed0/summary.json").exists()
+    with tarfile.open(tmp_path / "ref/raw.tar.xz") as tar:  # the raw logs packed (freeze.slim)
+        assert "data/cpu/runs/tiny/fp4quant/seed0/log.jsonl" in tar.getnames()
 
 
 @pytest.mark.parametrize("deleted", [("summary.json", "log.jsonl"), ("log.jsonl",), ("summary.json",)])

@@ -13,7 +13,7 @@ from fp4quant.analysis.__main__ import main
 from fp4quant.analysis.origin import MixedOrigin, check_same_origin, read_stamp, records
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO / "reference/cpu-amd-epyc-2core/data/cpu"
+FIXTURE = REPO / "tests/fixtures/origin/data/cpu"  # a real run's files, cut down (its README)
 AMD, INTEL = "AMD EPYC, 2 cores (CPU)", "Intel Xeon, 2 cores (CPU)"
 A, B = "a" * 40, "b" * 40
 
@@ -76,21 +76,21 @@ def test_an_input_without_provenance_is_refused(tmp_path):
         records(tmp_path / "nothing.json")
 
 
-def test_the_reference_run_comes_from_one_origin():
-    files = [p for p in REFERENCE.rglob("*") if p.suffix in (".csv", ".json") and not p.name.endswith(".meta.json")
-             and p.name != "curves.csv"]  # curves.csv predates its provenance columns
-    assert len(files) > 20
-    assert check_same_origin(files)["commit"].startswith("b82b982")
+def test_a_real_runs_files_come_from_one_origin():
+    files = [p for p in FIXTURE.rglob("*") if p.suffix in (".csv", ".json") and not p.name.endswith(".meta.json")]
+    assert len(files) == 7  # two run summaries, three benchmarks, two tidy results
+    assert check_same_origin(files) == {"hardware": [AMD], "commit": "27703e115b0d4771e0a8ab7935494a4b873a5a1b",
+                                        "torch": "2.13.0+cpu"}
 
 
 def test_collect_and_figures_refuse_a_mixed_set(tmp_path, capfd):
     data = tmp_path / "cpu"
-    shutil.copytree(REFERENCE, data, ignore=shutil.ignore_patterns("logs"))
+    shutil.copytree(FIXTURE, data)
     kernels = data / "bench/kernels.csv"
     df = pd.read_csv(kernels)
     df["hardware"], df["commit"] = INTEL, B  # measured on another machine, at another commit
     df.to_csv(kernels, index=False)
-    runs = [str(p) for p in sorted((data / "cluster/runs/tiny").glob("*/seed0"))]
+    runs = [str(p) for p in sorted((data / "runs/tiny").glob("*/seed0"))]
     args = ["--runs", *runs, "--error", str(data / "bench/error.csv"), "--kernels", str(kernels)]
     assert main(["collect", "--profile", "cpu", *args, "--collectives", str(data / "bench/collectives.csv"),
                  "--out-dir", str(tmp_path / "results")]) == 2
@@ -100,29 +100,29 @@ def test_collect_and_figures_refuse_a_mixed_set(tmp_path, capfd):
 
     # tidy results of two origins (as a partial rerun would leave them): no figure, no table
     results = data / "results"
-    for name in ("training", "throughput"):  # the reference predates throughput.csv: its training runs stand for them
-        df = pd.read_csv(results / "training.csv").assign(warmup_steps=30)
+    for name in ("training", "throughput"):
+        df = pd.read_csv(results / f"{name}.csv")
         df.loc[0, "commit"] = B
         df.to_csv(results / f"{name}.csv", index=False)
-    for command in (["figure", "throughput"], ["table", "end_to_end"]):
+    throughput_run, training_run = "data/cpu/cluster/throughput/tiny/bf16/seed0", "data/cpu/runs/tiny/bf16/seed0"
+    for command, first in ((["figure", "throughput"], f"throughput.csv (run {throughput_run})"),
+                           (["table", "end_to_end"], f"training.csv (run {training_run})")):
         out = tmp_path / "out"
         assert main([*command, "--results", str(results), "--profile", "cpu", "--out", str(out)]) == 2
         assert not out.exists()
-        assert ".csv (run data/cpu/cluster/runs/tiny/bf16/seed0) comes from" in capfd.readouterr().err
+        assert f"{first} comes from bbbbbbbbbbbb" in capfd.readouterr().err
 
 
 def test_figures_and_tables_carry_their_provenance(tmp_path):
     results = tmp_path / "results"
-    shutil.copytree(REFERENCE / "results", results)
-    # the reference predates throughput.csv: its training runs stand for the throughput runs
-    pd.read_csv(results / "training.csv").assign(warmup_steps=30).to_csv(results / "throughput.csv", index=False)
+    shutil.copytree(FIXTURE / "results", results)
     assert main(["figure", "throughput", "--results", str(results), "--profile", "cpu",
                  "--out", str(tmp_path / "t.pdf")]) == 0
     assert main(["table", "end_to_end", "--results", str(results), "--profile", "cpu",
                  "--out", str(tmp_path / "t.tex")]) == 0
     for made in ("t.pdf", "t.tex"):
         stamp = read_stamp(tmp_path / made)
-        assert stamp["hardware"] == [AMD] and stamp["commit"].startswith("b82b982") and stamp["profile"] == "cpu"
+        assert stamp["hardware"] == [AMD] and stamp["commit"].startswith("27703e1") and stamp["profile"] == "cpu"
         assert records(tmp_path / made)[0][1] == {"hardware": AMD, "commit": stamp["commit"], "torch": "2.13.0+cpu"}
 
 

@@ -1,5 +1,5 @@
 """The part-by-part validation: measured components from a synthetic log, predictions from
-a probe, the CSV's arithmetic, old logs, bad input."""
+a probe, the CSV's arithmetic, bad input."""
 
 from __future__ import annotations
 
@@ -14,33 +14,36 @@ from fp4quant.perfmodel import validate
 from fp4quant.perfmodel.model import Workload, step
 
 MODEL = ModelConfig.preset("tiny")
+CODEC = {"fp4quant": {"quantize": 1e9, "dequantize_reduce": 2e9, "dequantize": 1.5e9},
+         "fp4quant:sr": {"quantize": 5e8, "dequantize_reduce": 1e9, "dequantize": 1e9}}
+# a probe as fp4quant.perfmodel.probe writes it: per comm, the gapped steps' compute, skew and
+# scalar all-reduces (and, for a compressed comm, the codec inside its own all-reduces); the
+# codec in loops; the link's all-reduces (the smallest's mean beside its median)
 PROBE = {
-    "rank_flops": 2e10, "world": 2, "exact_allreduce_s": 4e-4, "message_values": 65536, "skew_s": 0.003,
-    "codec_values_per_s": {"fp4quant": {"quantize": 1e9, "dequantize_reduce": 2e9, "dequantize": 1.5e9},
-                           "fp4quant:sr": {"quantize": 5e8, "dequantize_reduce": 1e9, "dequantize": 1e9}},
-    "link": [{"size_bytes": s, "latency_s": 1e-3 + s / 5e6} for s in (4096, 65536, 1 << 20, 2 << 20, 4 << 20)],
+    "rank_flops": 2e10, "world": 2, "exact_allreduce_s": 1e-4, "message_values": 65536, "skew_s": 0.003,
+    "load_average_1min": 1.0,
+    "compute_by_comm": {"bf16": {"rank_flops": 2e10, "skew_s": 0.003, "scalar_allreduce_s": 4e-4},
+                        "fp4quant": {"rank_flops": 2e10, "skew_s": 0.003, "scalar_allreduce_s": 4e-4,
+                                     "collective_codec_values_per_s": CODEC}},
+    "codec_values_per_s": CODEC,
+    "link": [{"size_bytes": s, "latency_s": 1e-3 + s / 5e6, "latency_mean_s": 1e-3 + s / 5e6}
+             for s in (4096, 65536, 1 << 20, 2 << 20, 4 << 20)],
 }
 
 
-def step_record(i: int, split: bool = True, scalar: float | None = None, least: bool = False) -> dict:
-    r = {"step": i, "step_time_s": 0.100 + 0.002 * (i % 3)}
-    if scalar is not None:  # the trainer's timer of its scalar all-reduces (runs after 8be7651)
-        r["scalar_comm_s"] = scalar
+def step_record(i: int, scalar: float = 0.012) -> dict:
+    """A step as the trainer logs it: the codec timers split, the collectives' seconds and their
+    least over the ranks (here the slower rank's waits: 0.005 and 0.010 s), the scalar all-reduces."""
+    r = {"step": i, "step_time_s": 0.100 + 0.002 * (i % 3), "scalar_comm_s": scalar}
     for d, (q, dq, c) in {"fwd": (0.001, 0.002, 0.020), "bwd": (0.0015, 0.0025, 0.030)}.items():
-        if split:
-            r.update({f"{d}_codec_s": q + dq, f"{d}_quantize_s": q, f"{d}_dequantize_s": dq})
-        else:  # before the split: quantize_s was the whole codec
-            r[f"{d}_quantize_s"] = q + dq
-        r[f"{d}_comm_s"] = c
-        if least:  # the least over the ranks of the step's seconds in the collectives (runs from e18c9a2 on)
-            r[f"{d}_comm_least_s"] = c - 0.005 * (d == "fwd") - 0.010 * (d == "bwd")
+        r.update({f"{d}_codec_s": q + dq, f"{d}_quantize_s": q, f"{d}_dequantize_s": dq, f"{d}_comm_s": c,
+                  f"{d}_comm_least_s": c - 0.005 * (d == "fwd") - 0.010 * (d == "bwd")})
     return r
 
 
-def make_run(path, comm="fp4quant", steps=10, split=True, rate=60.0, emulated=True, scalar=None, least=False,
-             batch_size=2):
+def make_run(path, comm="fp4quant", steps=10, rate=60.0, emulated=True, scalar=0.012, batch_size=2):
     path.mkdir(parents=True)
-    (path / "log.jsonl").write_text("".join(json.dumps(step_record(i, split, scalar, least)) + "\n" for i in range(steps)))
+    (path / "log.jsonl").write_text("".join(json.dumps(step_record(i, scalar)) + "\n" for i in range(steps)))
     (path / "summary.json").write_text(json.dumps({
         "model": MODEL.to_dict(), "mesh": {"tp": 2, "dp": 1},
         "provenance": {"config": {"comm": comm, "seq_len": 128, "batch_size": batch_size}}}))
@@ -54,24 +57,31 @@ def test_measured_components_are_the_trainers_timers_over_steady_steps(tmp_path)
     (tmp_path / "probe.json").write_text(json.dumps(PROBE))
     rows, fits = validate.case_rows(tmp_path / "probe.json", [run], skip=0.2)
     got = {r["component"]: r for r in rows}
+    assert set(got) == set(validate.COMPONENTS)
     steady = [step_record(i) for i in range(2, 10)]  # 20% of 10 steps, at least 2, dropped
     total = sum(r["step_time_s"] for r in steady) / len(steady)
     assert got["total"]["measured_s"] == pytest.approx(total)
     assert got["quantize"]["measured_s"] == pytest.approx(0.0025)
     assert got["dequantize"]["measured_s"] == pytest.approx(0.0045)
     assert got["codec"]["measured_s"] == pytest.approx(0.007)
-    assert got["communication"]["measured_s"] == pytest.approx(0.050)
-    assert got["compute"]["measured_s"] == pytest.approx(total - 0.057)
+    assert got["communication"]["measured_s"] == pytest.approx(0.035)  # the least over the ranks
+    assert got["wait"]["measured_s"] == pytest.approx(0.050 - 0.035)  # the rest of the collectives' seconds
+    assert got["scalar"]["measured_s"] == pytest.approx(0.012)
+    assert got["compute"]["measured_s"] == pytest.approx(total - 0.007 - 0.050 - 0.012)  # what the timers leave
+    parts = ("compute", "codec", "communication", "wait", "scalar")
+    assert sum(got[c]["measured_s"] for c in parts) == pytest.approx(got["total"]["measured_s"])
     assert got["total"]["measured_sd_s"] == pytest.approx(pd.Series([r["step_time_s"] for r in steady]).std())
     # predictions: the model on the probe's machine, the burst from the run's record
-    machine, fit = validate.machine_from_probe(PROBE, 131072)
+    machine, fit = validate.machine_from_probe(PROBE, 131072, comm="fp4quant")
     s = step(Workload(MODEL, 2, 128, 2), machine, "fp4quant")
     assert got["codec"]["predicted_s"] == pytest.approx(s.codec_s)
     assert got["quantize"]["predicted_s"] + got["dequantize"]["predicted_s"] == pytest.approx(s.codec_s)
-    assert got["compute"]["predicted_s"] == pytest.approx(s.compute_s + 5 * 4e-4)  # 5 scalar all-reduces, probed
-    assert got["communication"]["predicted_s"] == pytest.approx(s.exposed_comm_s + 0.003)  # the wait for a slower rank
-    assert "wait" not in got  # older logs: the waits stay inside communication
+    assert got["compute"]["predicted_s"] == pytest.approx(s.compute_s)
+    assert got["scalar"]["predicted_s"] == pytest.approx(5 * 4e-4)  # 5 scalar all-reduces at the probe's time
+    assert got["communication"]["predicted_s"] == pytest.approx(s.exposed_comm_s)  # no skew inside
+    assert got["wait"]["predicted_s"] == pytest.approx(0.003)  # the probe's skew
     assert got["total"]["predicted_s"] == pytest.approx(s.total_s)
+    assert sum(got[c]["predicted_s"] for c in parts) == pytest.approx(s.total_s)
     assert s.total_s == pytest.approx(s.compute_s + s.scalar_s + s.skew_s + s.exposed_comm_s + s.codec_s)
     for r in rows:
         assert r["rel_error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
@@ -79,45 +89,19 @@ def test_measured_components_are_the_trainers_timers_over_steady_steps(tmp_path)
     assert fit["fitted_bandwidth_Bps"] == pytest.approx(5e6, rel=1e-6)
 
 
-def test_timed_scalar_all_reduces_are_a_component_of_their_own(tmp_path):
-    run = make_run(tmp_path / "run", scalar=0.012)
+def test_a_run_on_loopback_is_named_so(tmp_path):
+    run = make_run(tmp_path / "run", emulated=False)  # the cluster fell back to loopback
     (tmp_path / "probe.json").write_text(json.dumps(PROBE))
-    rows, _ = validate.case_rows(tmp_path / "probe.json", [run], skip=0.2)
-    got = {r["component"]: r for r in rows}
-    total = sum(step_record(i)["step_time_s"] for i in range(2, 10)) / 8
-    assert got["scalar"]["measured_s"] == pytest.approx(0.012)
-    assert got["compute"]["measured_s"] == pytest.approx(total - 0.057 - 0.012)  # no longer inside compute
-    machine, _ = validate.machine_from_probe(PROBE, 131072)
-    s = step(Workload(MODEL, 2, 128, 2), machine, "fp4quant")
-    assert got["scalar"]["predicted_s"] == pytest.approx(5 * 4e-4)  # 5 scalar all-reduces at the probe's time
-    assert got["compute"]["predicted_s"] == pytest.approx(s.compute_s)
-    assert got["total"]["predicted_s"] == pytest.approx(s.total_s)
-
-
-def test_the_least_over_ranks_is_communication_and_the_rest_is_the_wait(tmp_path):
-    run = make_run(tmp_path / "run", scalar=0.012, least=True)  # the slower rank: 0.015 and 0.020 s
-    (tmp_path / "probe.json").write_text(json.dumps(PROBE))
-    rows, _ = validate.case_rows(tmp_path / "probe.json", [run], skip=0.2)
-    got = {r["component"]: r for r in rows}
-    total = sum(step_record(i)["step_time_s"] for i in range(2, 10)) / 8
-    assert got["communication"]["measured_s"] == pytest.approx(0.035)
-    assert got["wait"]["measured_s"] == pytest.approx(0.050 - 0.035)
-    # the parts still add up to the step: compute is what the timers leave
-    assert got["compute"]["measured_s"] == pytest.approx(total - 0.007 - 0.050 - 0.012)
-    parts = ("compute", "codec", "communication", "wait", "scalar")
-    assert sum(got[c]["measured_s"] for c in parts) == pytest.approx(got["total"]["measured_s"])
-    machine, _ = validate.machine_from_probe(PROBE, 131072)
-    s = step(Workload(MODEL, 2, 128, 2), machine, "fp4quant")
-    assert got["communication"]["predicted_s"] == pytest.approx(s.exposed_comm_s)  # no skew inside
-    assert got["wait"]["predicted_s"] == pytest.approx(0.003)  # the probe's skew
-    assert sum(got[c]["predicted_s"] for c in parts) == pytest.approx(s.total_s)
+    rows, fits = validate.case_rows(tmp_path / "probe.json", [run], skip=0.2)
+    assert {r["config"] for r in rows} == {"fp4quant (loopback; 60 Mbit/s asked)"}
+    assert fits["fp4quant (loopback; 60 Mbit/s asked)"]["emulated"] is False
 
 
 def test_the_codec_in_the_model_splits_stochastic_backward_and_shards_the_reduce():
-    machine, _ = validate.machine_from_probe(PROBE, 0)
+    machine, _ = validate.machine_from_probe(PROBE, 0, comm="fp4quant")
     s = step(Workload(MODEL, 2, 128, 2), machine, "fp4quant")
     n, values = 2 * MODEL.num_layers + 1, 128 * 2 * MODEL.hidden_size
-    rne, sr = PROBE["codec_values_per_s"]["fp4quant"], PROBE["codec_values_per_s"]["fp4quant:sr"]
+    rne, sr = CODEC["fp4quant"], CODEC["fp4quant:sr"]
     assert s.quantize_s == pytest.approx(n * values * (1 / rne["quantize"] + 1 / sr["quantize"]))
     per = lambda r: values / 2 / r["dequantize_reduce"] + values / r["dequantize"]  # noqa: E731
     assert s.dequantize_s == pytest.approx(n * (per(rne) + per(sr)))
@@ -125,23 +109,9 @@ def test_the_codec_in_the_model_splits_stochastic_backward_and_shards_the_reduce
     assert bf16.codec_s == 0 and bf16.scalar_s == pytest.approx(5 * 4e-4) and bf16.skew_s == 0.003
 
 
-def test_old_logs_give_the_codec_without_its_split_and_stretch_is_read(tmp_path):
-    run = make_run(tmp_path / "old", split=False, emulated=False)
-    record = json.loads((run / "cluster.json").read_text())
-    (run / "cluster.json").write_text(json.dumps({**record, "calibration": {"codec_stretch": 4.0}}))
-    (tmp_path / "probe.json").write_text(json.dumps(PROBE))
-    rows, fits = validate.case_rows(tmp_path / "probe.json", [run], skip=0.2)
-    got = {r["component"]: r for r in rows}
-    assert set(got) == {"compute", "codec", "communication", "total"}
-    assert got["codec"]["measured_s"] == pytest.approx(0.007)
-    plain, _ = validate.machine_from_probe(PROBE, 131072)
-    assert got["codec"]["predicted_s"] == pytest.approx(4 * step(Workload(MODEL, 2, 128, 2), plain, "fp4quant").codec_s)
-    assert "loopback" in rows[0]["config"] and fits[rows[0]["config"]]["codec_stretch"] == 4.0
-
-
 def test_main_writes_the_csv_and_refuses_bad_input_in_one_line(tmp_path, capsys):
     (tmp_path / "probe.json").write_text(json.dumps(PROBE))
-    runs = [make_run(tmp_path / c, comm=c, scalar=0.01, least=True) for c in ("bf16", "fp4quant")]
+    runs = [make_run(tmp_path / c, comm=c, scalar=0.01) for c in ("bf16", "fp4quant")]
     out = tmp_path / "model_validation.csv"
     case = ["--case", str(tmp_path / "probe.json"), *map(str, runs)]
     assert validate.main([*case, *case, "--out", str(out)]) == 0  # the link twice: two repeats
@@ -169,29 +139,30 @@ def test_skew_is_the_slowest_ranks_excess_over_the_mean_step():
 
 
 def test_the_machine_takes_the_probes_compute_for_the_runs_comm_and_the_mean_latency():
-    by_comm = {"fp4quant": {"rank_flops": 3e10, "skew_s": 0.001, "scalar_allreduce_s": 2e-3}}
+    by_comm = {"bf16": PROBE["compute_by_comm"]["bf16"],
+               "fp4quant": {"rank_flops": 3e10, "skew_s": 0.001, "scalar_allreduce_s": 2e-3}}
     link = [{"size_bytes": 4096, "latency_s": 1e-3, "latency_mean_s": 3e-3}] + PROBE["link"][1:]
     probe = {**PROBE, "compute_by_comm": by_comm, "link": link}
     fp4, _ = validate.machine_from_probe(probe, 131072, comm="fp4quant")
     assert (fp4.rank_flops, fp4.skew_s, fp4.scalar_allreduce_s) == (3e10, 0.001, 2e-3)
-    bf16, _ = validate.machine_from_probe(probe, 131072, comm="bf16")  # none probed for it: the top level
+    bf16, _ = validate.machine_from_probe(probe, 131072, comm="bf16")
     assert (bf16.rank_flops, bf16.skew_s, bf16.scalar_allreduce_s) == (2e10, 0.003, 4e-4)
     # the smallest message rides on the burst: its mean over the probe's many is the latency
     assert fp4.inter_latency == pytest.approx(3e-3 / 2)
-    old, _ = validate.machine_from_probe(PROBE, 131072, comm="fp4quant")
-    assert old.inter_latency == pytest.approx((1e-3 + 4096 / 5e6) / 2)
+    median, _ = validate.machine_from_probe(PROBE, 131072, comm="fp4quant")  # mean = median
+    assert median.inter_latency == pytest.approx((1e-3 + 4096 / 5e6) / 2)
 
 
 def test_the_machine_takes_the_latency_the_in_step_transfers_met_under_its_comm():
-    by_comm = {"bf16": {"rank_flops": 3e10, "wire_step_latency_s": 7e-4},
-               "fp4quant": {"rank_flops": 3e10, "wire_step_latency_s": 1.4e-3}}
+    base = {"rank_flops": 3e10, "skew_s": 0.001, "scalar_allreduce_s": 2e-3}
+    by_comm = {"bf16": {**base, "wire_step_latency_s": 7e-4}, "fp4quant": {**base, "wire_step_latency_s": 1.4e-3}}
     probe = {**PROBE, "compute_by_comm": by_comm}
     fp4, fit = validate.machine_from_probe(probe, 131072, comm="fp4quant")
     assert (fp4.inter_latency, fp4.intra_latency, fit["latency_source"]) == (1.4e-3, 1.4e-3, "in-step transfers")
     bf16, _ = validate.machine_from_probe(probe, 131072, comm="bf16")
     assert bf16.inter_latency == 7e-4
-    _, old = validate.machine_from_probe(PROBE, 131072, comm="fp4quant")  # a probe without them: the link's fit
-    assert old["latency_source"] == "link fit"
+    _, fitted = validate.machine_from_probe(PROBE, 131072, comm="fp4quant")  # a probe without them: the link's fit
+    assert fitted["latency_source"] == "link fit"
 
 
 def test_the_latency_for_a_comm_is_the_one_the_model_was_given_at_that_share_of_the_messages():
@@ -211,7 +182,7 @@ def test_the_latency_for_a_comm_is_the_one_the_model_was_given_at_that_share_of_
 
 def test_the_machine_takes_the_latency_fitted_to_the_in_step_collectives_of_its_comm():
     run = Workload(MODEL, 2, 128, 2)
-    base = {"rank_flops": 3e10, "wire_step_latency_s": 7e-4}
+    base = {"rank_flops": 3e10, "skew_s": 0.001, "scalar_allreduce_s": 2e-3, "wire_step_latency_s": 7e-4}
     plain, _ = validate.machine_from_probe({**PROBE, "compute_by_comm": {"fp4quant": base}}, 30000, comm="fp4quant")
     truth = replace(plain, inter_latency=1.6e-3, intra_latency=1.6e-3)
     measured = step(replace(run, message_fraction=0.5), truth, "fp4quant").comm_s
@@ -228,20 +199,18 @@ def test_the_machine_takes_the_latency_fitted_to_the_in_step_collectives_of_its_
     assert without.inter_latency == 7e-4
 
 
-def test_the_machine_takes_the_codec_the_gapped_steps_timed_where_the_probe_has_it():
-    in_step = {"fp4quant": {"quantize": 7e8, "dequantize_reduce": 9e8, "dequantize": 8e8},
-               "fp4quant:sr": {"quantize": 3e8, "dequantize_reduce": 4e8, "dequantize": 6e8}}
-    by_comm = {"bf16": {"rank_flops": 3e10}, "fp4quant": {"rank_flops": 3e10, "codec_values_per_s": in_step}}
-    probe = {**PROBE, "compute_by_comm": by_comm}
-    m, _ = validate.machine_from_probe(probe, 131072, comm="fp4quant", codec_stretch=2.0)
-    assert m.codec_values_per_s == {k: {op: v / 2 for op, v in ops.items()} for k, ops in in_step.items()}
-    bf16, _ = validate.machine_from_probe(probe, 131072, comm="bf16")  # none in BF16's steps: the all-reduces'
-    assert bf16.codec_values_per_s == PROBE["codec_values_per_s"]
-    # the codec inside the run's own all-reduces in the probe's steps comes first
-    inside = {k: {op: 2 * v for op, v in ops.items()} for k, ops in in_step.items()}
-    by_comm["fp4quant"]["collective_codec_values_per_s"] = inside
-    m, _ = validate.machine_from_probe({**PROBE, "compute_by_comm": by_comm}, 131072, comm="fp4quant")
+def test_the_machine_takes_the_codec_inside_the_runs_own_all_reduces_in_the_probes_steps():
+    inside = {"fp4quant": {"quantize": 7e8, "dequantize_reduce": 9e8, "dequantize": 8e8},
+              "fp4quant:sr": {"quantize": 3e8, "dequantize_reduce": 4e8, "dequantize": 6e8}}
+    gapped = {k: {op: 2 * v for op, v in ops.items()} for k, ops in inside.items()}  # not the model's
+    fp4 = {**PROBE["compute_by_comm"]["fp4quant"], "codec_values_per_s": gapped,
+           "collective_codec_values_per_s": inside}
+    probe = {**PROBE, "compute_by_comm": {**PROBE["compute_by_comm"], "fp4quant": fp4}}
+    m, _ = validate.machine_from_probe(probe, 131072, comm="fp4quant")
     assert m.codec_values_per_s == inside
+    bf16, _ = validate.machine_from_probe(probe, 131072, comm="bf16")  # none in BF16's steps: the loops', unused
+    assert bf16.codec_values_per_s == PROBE["codec_values_per_s"]
+    assert step(Workload(MODEL, 2, 128, 2), bf16, "bf16").codec_s == 0
 
 
 def test_a_comm_the_probe_did_not_time_takes_bf16s_compute_and_an_empty_summary_keeps_its_columns():
@@ -283,12 +252,10 @@ def test_bracketing_probes_average_the_per_step_inputs_and_keep_the_first_probes
                            ["probe.json", "after.json"])
     with pytest.raises(ValueError, match="4 ranks"):
         validate.bracketed([before, {**after, "world": 4}], ["probe.json", "after.json"])
-    with pytest.raises(ValueError, match="cannot be bracketed"):  # an old probe: no per-comm steps
-        validate.bracketed([PROBE, after], ["old.json", "after.json"])
     # on the command line: the case's JSONs are its probes, in order, then its runs
     (tmp_path / "probe.json").write_text(json.dumps(before))
     (tmp_path / "after.json").write_text(json.dumps(after))
-    run = make_run(tmp_path / "fp4quant", scalar=0.01, least=True)
+    run = make_run(tmp_path / "fp4quant", scalar=0.01)
     out = tmp_path / "v.csv"
     assert validate.main(["--case", str(tmp_path / "probe.json"), str(tmp_path / "after.json"), str(run),
                           "--out", str(out)]) == 0
@@ -304,11 +271,13 @@ def test_bracketing_probes_average_the_per_step_inputs_and_keep_the_first_probes
 
 
 def test_captions_say_whether_the_predictions_were_bracketed():
-    one = pd.DataFrame({"probe": ["a/probe.json", "b/probe.json"]})
-    two = pd.DataFrame({"probe": ["a/probe.json a/probe_after.json", "b/probe.json b/probe_after.json"]})
+    one = pd.DataFrame({"probe": ["a/probe.json", "b/probe.json"], "latency_run": [None, None]})
+    two = pd.DataFrame({"probe": ["a/probe.json a/probe_after.json", "b/probe.json b/probe_after.json"],
+                        "latency_run": [None, None]})
     assert validate.probes_said(one) == "a probe of the same links and ranks"
     assert "before and after the runs" in validate.probes_said(two)
-    assert validate.probes_said(pd.DataFrame({"config": []})) == "a probe of the same links and ranks"
+    empty = pd.DataFrame({"probe": [], "latency_run": []})
+    assert validate.probes_said(empty) == "a probe of the same links and ranks"
     latency = two.assign(latency_run=["a/latency/bf16", "b/latency/fp4quant"])
     assert "fewer tokens a step" in validate.probes_said(latency)
     assert "fewer tokens" not in validate.probes_said(latency.assign(latency_run=["a/latency/bf16", None]))
@@ -318,14 +287,14 @@ def test_a_latency_run_gives_the_latency_the_runs_are_predicted_with(tmp_path):
     # a link fast enough that latency is part of both comms' time
     probe = {**PROBE, "link": [{**r, "latency_s": 1e-3 + r["size_bytes"] / 5e7} for r in PROBE["link"]]}
     (tmp_path / "probe.json").write_text(json.dumps(probe))
-    runs = [make_run(tmp_path / c, comm=c, scalar=0.01, least=True) for c in ("bf16", "fp4quant")]
-    latency = [make_run(tmp_path / "latency" / c, comm=c, scalar=0.01, least=True, batch_size=1)
+    runs = [make_run(tmp_path / c, comm=c, scalar=0.01) for c in ("bf16", "fp4quant")]
+    latency = [make_run(tmp_path / "latency" / c, comm=c, scalar=0.01, batch_size=1)
                for c in ("fp4quant", "bf16")]
     rows, fits = validate.case_rows(tmp_path / "probe.json", runs, skip=0.2, latency_runs=latency)
-    plain, _ = validate.machine_from_probe(probe, 131072)
     half = Workload(MODEL, 2, 128, 1)
     measured = 0.020 - 0.005 + 0.030 - 0.010  # the synthetic log's least over the ranks, both directions
     for comm in ("bf16", "fp4quant"):
+        plain, _ = validate.machine_from_probe(probe, 131072, comm=comm)
         fit = fits[f"{comm} @ 60 Mbit/s"]
         alpha = validate.latency_for_comm(half, plain, comm, measured)
         assert alpha > 0 and fit["fitted_latency_s"] == pytest.approx(alpha)
@@ -343,18 +312,18 @@ def test_a_latency_run_gives_the_latency_the_runs_are_predicted_with(tmp_path):
 
 def test_latency_runs_that_would_echo_or_not_match_their_case_are_refused(tmp_path, capsys):
     (tmp_path / "probe.json").write_text(json.dumps(PROBE))
-    run = make_run(tmp_path / "fp4quant", least=True)
-    same = make_run(tmp_path / "same", least=True)  # the run's own tokens a step
+    run = make_run(tmp_path / "fp4quant")
+    same = make_run(tmp_path / "same")  # the run's own tokens a step
     with pytest.raises(ValueError, match="echo"):
         validate.case_rows(tmp_path / "probe.json", [run], 0.2, [same])
-    other_rate = make_run(tmp_path / "rate120", least=True, batch_size=1, rate=120.0)
+    other_rate = make_run(tmp_path / "rate120", batch_size=1, rate=120.0)
     with pytest.raises(ValueError, match="120.0 Mbit/s link"):
         validate.case_rows(tmp_path / "probe.json", [run], 0.2, [other_rate])
-    bf16 = make_run(tmp_path / "bf16", comm="bf16", least=True, batch_size=1)
+    bf16 = make_run(tmp_path / "bf16", comm="bf16", batch_size=1)
     with pytest.raises(ValueError, match="none under fp4quant"):
         validate.case_rows(tmp_path / "probe.json", [run], 0.2, [bf16])
-    half = make_run(tmp_path / "half", least=True, batch_size=1)
-    again = make_run(tmp_path / "again", least=True, batch_size=1)
+    half = make_run(tmp_path / "half", batch_size=1)
+    again = make_run(tmp_path / "again", batch_size=1)
     with pytest.raises(ValueError, match="a second latency run under fp4quant"):
         validate.case_rows(tmp_path / "probe.json", [run], 0.2, [half, again])
     out = tmp_path / "v.csv"
