@@ -2,7 +2,7 @@
 #
 #   snakemake --cores all figures/throughput.pdf          # one figure (default CPU configuration)
 #   snakemake --cores all                                 # every figure and table
-#   snakemake --cores all ablation_no_fwht                # one ablation
+#   snakemake --cores all ablation_no_fwht                # one ablation (ablation_naive_pack: kernels only)
 #   snakemake --profile workflow/profiles/h100-slurm --configfile workflow/config/h100.yaml
 #
 # Configuration: workflow/config/default.yaml, checked against workflow/schemas/ and the code
@@ -59,3 +59,5 @@ rule all:
         TABLES,
         PAPER_PDF,
         [f"{OUT}/results/allreduce_prediction.csv"] if EMULATED else [],
+        # each ablation's own CSV (seconds: its runs and benchmarks are the figures' too)
+        expand(f"{OUT}/results/ablation_{{name}}.csv", name=ABLATIONS),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..format.config import PRESETS, QuantConfig
 from ..train.config import run_name
 
 PROVENANCE_COLUMNS = ("hardware", "commit", "torch")
@@ -91,41 +92,165 @@ def benchmark(csv: str | Path, profile: str) -> pd.DataFrame:
     return pd.read_csv(csv).assign(profile=profile)
 
 
+def identical_bytes(name: str) -> bool:
+    """Whether the preset ``name`` puts fp4quant's bytes on the wire: it differs from fp4quant only
+    in how kernels store them (QuantConfig.packing), so its codec error and training are
+    fp4quant's and only the kernels' speed can differ -- a kernel ablation, which trains nothing
+    (naive_pack)."""
+    if name not in PRESETS or name == "fp4quant":
+        return False
+    return QuantConfig.preset(name).replace(packing="warp") == QuantConfig.preset("fp4quant")
+
+
+IDENTICAL_BYTES = "identical bytes"  # the change_unit of an ablation's training row that needs no run
+
+# What the two kernels timed for fp4quant and naive_pack differ in, by where they ran.
+PACKING_KERNELS = {
+    "cpu": "nothing: the CPU kernels (csrc/cpu) never read QuantConfig.packing, so both presets run the same "
+           "code and the ratio is an A/A control (its spread: the benchmark's noise)",
+    "cuda": "how the codes are stored (QuantConfig.packing: warp-cooperative or naive stores, csrc/cuda)",
+    "reference": "nothing: the pure-PyTorch reference ignores QuantConfig.packing (an A/A control)",
+}
+
+
+def differ_in(impl: str, device: str) -> str:
+    """What the kernels of fp4quant and of naive packing differ in (PACKING_KERNELS), for the
+    benchmark's rows of ``impl`` on ``device``."""
+    return PACKING_KERNELS.get("reference" if impl == "reference" else str(device), "unknown")
+
+
+def _kernel_rows(kernels: pd.DataFrame, op: str = "quantize") -> pd.DataFrame:
+    """The kernel benchmark's rows of ``op`` that an ablation compares: the native kernels (the
+    reference is timed too, fp4quant's quantize at the same sizes, as a baseline only), on all
+    threads (as the runs use them)."""
+    if not len(kernels) or "op" not in kernels:
+        return kernels.iloc[:0]
+    q = kernels[(kernels.op == op) & (kernels.impl.isin(["native", "reference"]))]
+    if (q.impl == "native").any():
+        q = q[q.impl == "native"]
+    if "threads" in q and len(q):
+        q = q[q.threads == q.threads.max()]
+    return q
+
+
 def ablation(name: str, error: pd.DataFrame, kernels: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """One ablation against the full method: codec error, kernel speed, training -- one row each."""
+    """One ablation against the full method: codec error, kernel speed, training -- one row each.
+
+    The kernel row is quantize at the largest size on all threads; where the benchmark records
+    its slowest and fastest runs, change_low and change_high bound the change (the ablated's
+    slowest run against fp4quant's fastest, and the other way round).  An ablation that writes
+    fp4quant's bytes (identical_bytes: naive_pack) and has no training runs gets one training row
+    without numbers, change_unit "identical bytes": its runs would be fp4quant's."""
     rows = []
-    presets = error[error.study == "presets"]
+    presets = error[error.study == "presets"] if len(error) and "study" in error else error.iloc[:0]
     for kind, g in presets.groupby("kind"):
         ours, abl = g[g.config == "fp4quant"], g[g.config == name]
-        rows.append({"ablation": name, "measure": f"sqnr_db/{kind}", "fp4quant": float(ours.sqnr_db.iloc[0]),
-                     "ablated": float(abl.sqnr_db.iloc[0])})
-    q = kernels[(kernels.op == "quantize") & (kernels.impl.isin(["native", "reference"]))]
-    if (q.impl == "native").any():  # the reference is timed too (at the same sizes), as a baseline only
-        q = q[q.impl == "native"]
-    if "threads" in q and len(q):  # all threads, as the runs use them
-        q = q[q.threads == q.threads.max()]
+        if len(ours) and len(abl):
+            rows.append({"ablation": name, "measure": f"sqnr_db/{kind}", "fp4quant": float(ours.sqnr_db.iloc[0]),
+                         "ablated": float(abl.sqnr_db.iloc[0])})
+    q = _kernel_rows(kernels)
     if len(q):
         size = q.size_bytes.max()
         at = q[q.size_bytes == size]
-        for preset_row in (("fp4quant", name),):
-            a, b = at[at.preset == preset_row[0]], at[at.preset == preset_row[1]]
-            if len(a) and len(b):
-                rows.append({"ablation": name, "measure": f"quantize_gbps/{size}", "fp4quant": float(a.gbps.iloc[0]),
-                             "ablated": float(b.gbps.iloc[0])})
-    seeds = set(runs[runs.series == "fp4quant"].seed) & set(runs[runs.series == name].seed)  # paired: same seeds
-    for measure in ("final_loss", "val_loss", "tokens_per_s"):
-        a = runs[(runs.series == "fp4quant") & runs.seed.isin(seeds)][measure]
-        b = runs[(runs.series == name) & runs.seed.isin(seeds)][measure]
+        a, b = at[at.preset == "fp4quant"], at[at.preset == name]
         if len(a) and len(b):
-            rows.append({"ablation": name, "measure": measure, "fp4quant": float(a.mean()), "ablated": float(b.mean())})
+            a, b = a.iloc[0], b.iloc[0]
+            row = {"ablation": name, "measure": f"quantize_gbps/{size}", "fp4quant": float(a.gbps),
+                   "ablated": float(b.gbps)}
+            if {"gbps_min", "gbps_max"} <= set(at) and pd.notna([a.gbps_min, a.gbps_max, b.gbps_min, b.gbps_max]).all():
+                row.update(change_low=float(b.gbps_min / a.gbps_max - 1),
+                           change_high=float(b.gbps_max / a.gbps_min - 1))
+            if identical_bytes(name):  # on a CPU the same code: the change is the benchmark's noise
+                row["kernels_differ_in"] = differ_in(a.impl, a.get("device", "cpu"))
+            rows.append(row)
+    trained = False
+    if len(runs) and "series" in runs:
+        seeds = set(runs[runs.series == "fp4quant"].seed) & set(runs[runs.series == name].seed)  # paired: same seeds
+        for measure in ("final_loss", "val_loss", "tokens_per_s"):
+            a = runs[(runs.series == "fp4quant") & runs.seed.isin(seeds)][measure]
+            b = runs[(runs.series == name) & runs.seed.isin(seeds)][measure]
+            if len(a) and len(b):
+                trained = True
+                rows.append({"ablation": name, "measure": measure, "fp4quant": float(a.mean()),
+                             "ablated": float(b.mean())})
+    if not trained and identical_bytes(name):
+        rows.append({"ablation": name, "measure": "training", "fp4quant": float("nan"), "ablated": float("nan"),
+                     "change_unit": IDENTICAL_BYTES})
     df = pd.DataFrame(rows)
+    if not len(df):
+        return df
     # SQNR is already a ratio in dB: its change is a difference in dB; the rest are relative
     in_db = df.measure.str.startswith("sqnr_db/")
     df["change"] = (df.ablated - df.fp4quant).where(in_db, df.ablated / df.fp4quant - 1)
-    df["change_unit"] = in_db.map({True: "dB", False: "relative"})
+    unit = in_db.map({True: "dB", False: "relative"})
+    df["change_unit"] = df.change_unit.fillna(unit) if "change_unit" in df else unit
+    late = [c for c in ("change_low", "change_high", "kernels_differ_in") if c in df]  # after the change
+    df = df[[c for c in df if c not in late] + late]
     for key in PROVENANCE_COLUMNS:  # the training runs' hardware is the ablation's
         df[key] = runs[key].iloc[0] if key in runs and len(runs) else kernels[key].iloc[0]
     return df
+
+
+PACKING_MEASURES = ("gbps", "gbps_min", "gbps_max", "iters", "fraction", "fraction_min", "fraction_max")
+
+
+def packing(kernels: pd.DataFrame, name: str = "naive_pack") -> pd.DataFrame:
+    """The kernel ablation of naive packing (ablation_naive_pack.csv): the kernel benchmark's rows
+    of fp4quant (warp-cooperative packing) and of ``name`` (a preset that writes the same bytes
+    with naive packing, see identical_bytes), side by side, one row per op, implementation, size
+    and thread count, with the speed of fp4quant over the naive packing.
+
+    speed_over_naive: fp4quant's median GB/s over the naive packing's (> 1: warp-cooperative
+    packing is faster); speed_over_naive_low / _high: fp4quant's slowest run over the naive
+    one's fastest, and fastest over slowest (the extremes the two spreads allow).
+    paired_speed_over_naive (_low, _high): the same from the benchmark's paired fractions
+    (fraction, fraction_min, fraction_max: each timed call against a copy timed beside it), so
+    the memory's speed drifting between the two presets' measurements is taken out (both move
+    the same bytes, so the ratio of fractions is a ratio of speeds).  What the benchmark did not
+    record (older CSVs: no spread, fractions against one copy a size) is left out.
+    kernels_differ_in: what the two kernels differ in where they ran (PACKING_KERNELS: on a CPU
+    nothing, the same code runs for both)."""
+    if not identical_bytes(name):
+        raise ValueError(f"ablation {name}: not a preset that writes fp4quant's bytes with another packing")
+    keys = [k for k in ("op", "impl", "device", "size_bytes", "numel", "threads") if k in kernels]
+    measures = [m for m in PACKING_MEASURES if m in kernels]
+    if "gbps" not in measures:
+        raise ValueError(f"ablation {name}: the kernel benchmark's CSV has no gbps column")
+    ours = kernels[kernels.preset == "fp4quant"]
+    theirs = kernels[kernels.preset == name]
+    if not len(ours) or not len(theirs):
+        raise ValueError(f"ablation {name}: the kernel benchmark has no rows of "
+                         f"{'fp4quant' if not len(ours) else name} (it measures every preset but bf16, "
+                         "fp4quant.bench.kernels)")
+    pair = ours[keys + measures].merge(theirs[keys + measures], on=keys, suffixes=("_fp4quant", f"_{name}"))
+    if not len(pair):
+        raise ValueError(f"ablation {name}: the kernel benchmark timed fp4quant and {name} at no common op, size "
+                         "and thread count")
+    df = pd.DataFrame({"profile": kernels.profile.iloc[0] if "profile" in kernels else "", "ablation": name},
+                      index=pair.index)
+    for k in keys:
+        df[k] = pair[k]
+    for preset in ("fp4quant", name):
+        for m in measures:
+            df[f"{preset}_{m}"] = pair[f"{m}_{preset}"]
+
+    def ratio(measure: str, low: str, high: str, prefix: str) -> None:
+        df[prefix] = df[f"fp4quant_{measure}"] / df[f"{name}_{measure}"]
+        if {low, high} <= set(measures):
+            df[f"{prefix}_low"] = df[f"fp4quant_{low}"] / df[f"{name}_{high}"]
+            df[f"{prefix}_high"] = df[f"fp4quant_{high}"] / df[f"{name}_{low}"]
+
+    ratio("gbps", "gbps_min", "gbps_max", "speed_over_naive")
+    if {"fraction", "fraction_min", "fraction_max"} <= set(measures):  # CSVs of the paired copies (before: one
+        ratio("fraction", "fraction_min", "fraction_max", "paired_speed_over_naive")  # limit a size, no spread)
+    df["kernels_differ_in"] = [differ_in(i, d) for i, d in zip(pair.impl, pair.device if "device" in pair else
+                                                               ["cpu"] * len(pair))]
+    for key in (*PROVENANCE_COLUMNS, "cpu_isa"):
+        if key in kernels:
+            df[key] = ours[key].iloc[0]
+    rank = df.op.map({op: i for i, op in enumerate(("quantize", "dequantize", "dequantize_reduce"))}).fillna(3)
+    by = [k for k in ("threads", "size_bytes") if k in df]
+    return df.assign(_rank=rank).sort_values([*by, "_rank"]).drop(columns="_rank").reset_index(drop=True)
 
 
 BREAKDOWN_PARTS = ("compute", "quantize", "wire", "dequantize")  # stacked bottom to top

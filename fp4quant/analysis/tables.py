@@ -67,17 +67,46 @@ def formats(error: pd.DataFrame, out, profile: str) -> None:
 
 
 def ablation(ablations: pd.DataFrame, out, profile: str) -> None:
-    """Each ablation against the full method, measure by measure."""
-    rows = [[_tex(r.ablation), _tex(r.measure), number(r.fp4quant, ".4g"), number(r.ablated, ".4g"), change(r)]
+    """Each ablation against the full method, measure by measure (a training row of an ablation
+    that writes fp4quant's bytes has no numbers: "none (identical bytes)")."""
+    rows = [[_tex(r.ablation), _tex(r.measure), value(r, "fp4quant"), value(r, "ablated"), change(r)]
             for r in ablations.itertuples()]
+    ranged = "change_low" in ablations and ablations.change_low.notna().any()
+    same = ablations[ablations.change_unit == "identical bytes"].ablation.drop_duplicates() \
+        if "change_unit" in ablations else []
+    differ = ablations.dropna(subset=["kernels_differ_in"]).set_index("ablation").kernels_differ_in \
+        if "kernels_differ_in" in ablations else pd.Series(dtype=str)
     _write(out, ablations, profile, ["ablation", "measure", "fp4quant", "ablated", "change"], rows,
            "Ablations: one mechanism removed at a time; SQNR changes in dB, the others relative (training "
-           "measures: means over the seeds the ablation ran, fp4quant's over the same seeds). " + _where(ablations, profile), "tab:ablation")
+           "measures: means over the seeds the ablation ran, fp4quant's over the same seeds"
+           + ("; kernel speed: the median run, in brackets the ablated's slowest run against fp4quant's fastest "
+              "and its fastest against fp4quant's slowest" if ranged else "")
+           + "). "
+           + "".join(f"{_tex(name)} sends fp4quant's bytes (only how kernels store them differs): its training "
+                     "would be fp4quant's and is not run"
+                     + (f"; its kernels differ from fp4quant's in {_tex(differ[name])}" if name in differ else "")
+                     + f"; every op, size and thread count: {_tex(f'data/{profile}/results/ablation_{name}.csv')}. "
+                     for name in same)
+           + _where(ablations, profile), "tab:ablation")
+
+
+def value(r, column: str) -> str:
+    """An ablation row's value, "--" where the row has none (the training of identical bytes)."""
+    return "--" if r.change_unit == "identical bytes" else number(getattr(r, column), ".4g")
 
 
 def change(r) -> str:
-    """An ablation row's change in its unit: dB for SQNR, percent for the rest."""
-    return number(r.change, "+.2f") + " dB" if r.change_unit == "dB" else _tex(number(100 * r.change, "+.1f") + "%")
+    """An ablation row's change in its unit: dB for SQNR, percent for the rest (with its range
+    where the row has one), "none (identical bytes)" for a training that would repeat fp4quant's."""
+    if r.change_unit == "identical bytes":
+        return "none (identical bytes)"
+    if r.change_unit == "dB":
+        return number(r.change, "+.2f") + " dB"
+    text = _tex(number(100 * r.change, "+.1f") + "%")
+    low, high = getattr(r, "change_low", float("nan")), getattr(r, "change_high", float("nan"))
+    if pd.notna(low) and pd.notna(high):
+        text += f" [{_tex(number(100 * low, '+.1f') + '%')}, {_tex(number(100 * high, '+.1f') + '%')}]"
+    return text
 
 
 def mean_sd(values: pd.Series, fmt: str) -> str:

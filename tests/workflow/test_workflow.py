@@ -43,6 +43,17 @@ def test_dry_run(target, config, tmp_path):
         assert "runs/tiny/bf16" not in out and "runs/qwen-7b/bf16" not in out
 
 
+def test_the_naive_packing_ablation_reads_the_kernel_benchmark_and_trains_nothing(tmp_path):
+    """naive_pack sends fp4quant's bytes: a kernel ablation, one step after the kernel benchmark."""
+    r = snakemake("ablation_naive_pack", "-n", "--cores", "2", "--configfile",
+                  str(REPO / "workflow/config/default.yaml"), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    assert "rule ablation_naive_pack:" in out and "data/cpu/results/ablation_naive_pack.csv" in out
+    assert "input: data/cpu/bench/kernels.csv\n" in out and "rule kernel_benchmark:" in out
+    assert "rule train:" not in out and "naive_pack/seed" not in out
+
+
 def test_loopback_overlay_trains_without_the_cluster(tmp_path):
     configs = [str(REPO / "workflow/config/default.yaml"), str(REPO / "workflow/config/loopback.yaml")]
     r = snakemake("all", "-n", "--cores", "2", "--configfile", *configs, cwd=tmp_path, timeout=120)
@@ -120,10 +131,20 @@ def test_whole_pipeline_at_ci_scale(tmp_path):
     tex = table_rows(tmp_path / "paper/tables/ablation.tex")
     assert len(tex) == len(ablation)
     for row, a in zip(tex, ablation.itertuples()):
-        unit = " dB" if a.measure.startswith("sqnr_db/") else "\\%"
-        change = number(a.change, "+.2f") if unit == " dB" else number(100 * a.change, "+.1f")
-        assert a.change_unit == ("dB" if unit == " dB" else "relative")
-        assert row == [a.ablation, a.measure, number(a.fp4quant, ".4g"), number(a.ablated, ".4g"), change + unit]
+        if a.change_unit == "identical bytes":  # naive_pack's training: fp4quant's bytes, no run
+            assert a.ablation == "naive_pack" and row == [a.ablation, a.measure, "--", "--", "none (identical bytes)"]
+            continue
+        change = (number(a.change, "+.2f") + " dB" if a.change_unit == "dB"
+                  else number(100 * a.change, "+.1f") + "\\%")
+        low, high = getattr(a, "change_low", float("nan")), getattr(a, "change_high", float("nan"))
+        if pd.notna(low):  # a kernel row: the range its slowest and fastest runs allow
+            change += f" [{number(100 * low, '+.1f')}\\%, {number(100 * high, '+.1f')}\\%]"
+        assert a.change_unit == ("dB" if a.measure.startswith("sqnr_db/") else "relative")
+        assert row == [a.ablation, a.measure, number(a.fp4quant, ".4g"), number(a.ablated, ".4g"), change]
+    assert "nan" not in (tmp_path / "paper/tables/ablation.tex").read_text().replace("provenance", "")
+    packing = pd.read_csv(results / "ablation_naive_pack.csv")  # the kernels of both packings, op by op
+    assert set(packing.op) == {"quantize", "dequantize", "dequantize_reduce"} and packing.speed_over_naive.notna().all()
+    assert not (results.parent / "runs/tiny/naive_pack").exists()
 
     # a rerun has nothing to do; removing one output redoes just what depends on it
     r = snakemake("-n", "--cores", "2", "--configfile", str(REPO / "workflow/config/ci.yaml"), cwd=tmp_path)

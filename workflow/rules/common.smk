@@ -10,6 +10,7 @@ import shlex
 import shutil
 
 import torch
+from fp4quant.analysis.collect import identical_bytes
 from fp4quant.provenance import git_commit, hardware
 from fp4quant.train.config import parse_run_name, run_name
 
@@ -18,7 +19,11 @@ OUT = f"data/{PROFILE}"
 TRAIN = config["train"]
 MODEL = TRAIN["model"].rstrip("/").split("/")[-1]  # a preset, or the name of an HF folder
 ABLATIONS = config.get("ablations", [])
-RUN_COMMS = list(dict.fromkeys(TRAIN["comms"] + ABLATIONS))  # ablations train too
+# an ablation that sends fp4quant's bytes (naive_pack: only how kernels store them differs) is a
+# kernel ablation: its training would repeat fp4quant's bit for bit, so it trains nothing
+KERNEL_ABLATIONS = [a for a in ABLATIONS if identical_bytes(a)]
+TRAINED_ABLATIONS = [a for a in ABLATIONS if a not in KERNEL_ABLATIONS]
+RUN_COMMS = list(dict.fromkeys(TRAIN["comms"] + TRAINED_ABLATIONS))  # ablations train too
 QUICK = config["bench"].get("quick", False)
 
 # The training runs (convergence, ablations) run with the launcher: their wall time is no

@@ -60,5 +60,26 @@ def ablation_rule(name):
             " --error {input.error:q} --kernels {input.kernels:q} --out {output:q} 2> {log:q}"
 
 
+def kernel_ablation_rule(name):
+    """`snakemake ablation_<name>` of an ablation that sends fp4quant's bytes (naive_pack): the
+    kernel benchmark's rows of both packings and the speed of fp4quant's over them, as
+    data/<profile>/results/ablation_<name>.csv (no training run: it would be fp4quant's)."""
+
+    rule:
+        name:
+            f"ablation_{name}"
+        input:
+            kernels=rules.kernel_benchmark.output.csv,
+        output:
+            f"{OUT}/results/ablation_{name}.csv",
+        log:
+            f"{OUT}/logs/ablation_{name}.log",
+        params:
+            name=name,
+        shell:
+            "{PY:q} -m fp4quant.analysis ablation {params.name:q} --profile {PROFILE:q} --kernels {input.kernels:q}"
+            " --out {output:q} 2> {log:q}"
+
+
 for _name in ABLATIONS:
-    ablation_rule(_name)
+    (kernel_ablation_rule if _name in KERNEL_ABLATIONS else ablation_rule)(_name)
