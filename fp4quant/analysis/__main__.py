@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..provenance import atomic_write_csv, atomic_write_text
-from . import collect, figures, regime, study, tables, tradeoff
+from . import claims, collect, figures, regime, study, tables, tradeoff
 from .comparable import Incomparable, check_complete, check_runs
 from .figures import FIGURES, STUDY_FIGURES
 from .freeze import freeze
@@ -79,6 +79,13 @@ def cmd_throughput(a) -> None:
 
 
 def cmd_ablation(a) -> None:
+    if collect.identical_bytes(a.name):  # a kernel ablation (naive_pack): the kernel benchmark's rows alone
+        check_same_origin([Path(a.kernels)])
+        _write(collect.packing(collect.benchmark(a.kernels, a.profile), a.name), Path(a.out))
+        return
+    if not a.runs or not a.error:
+        raise ValueError(f"ablation {a.name} needs --runs and --error (only an ablation that sends fp4quant's "
+                         "bytes, naive_pack, needs the kernel benchmark alone)")
     check_run_set(a.runs, a.error, a.kernels)
     runs = collect.training(a.runs, a.profile)
     df = collect.ablation(a.name, collect.benchmark(a.error, a.profile), collect.benchmark(a.kernels, a.profile), runs)
@@ -118,7 +125,7 @@ def cmd_figure(a) -> None:
     elif a.name == "allreduce":
         emulated = r / "collectives_emulated.csv"
         emu = pd.read_csv(emulated) if emulated.exists() else None
-        network = str(emu.network.iloc[0]) if emu is not None and "network" in emu and len(emu) else ""
+        network = str(emu.network.iloc[0]) if emu is not None and len(emu) else ""
         figures.allreduce(read("collectives"), a.out, a.profile, emu, network)
     elif a.name == "breakdown":
         figures.breakdown(read("breakdown"), a.out, a.profile)
@@ -154,6 +161,18 @@ def cmd_table(a) -> None:
         tables.end_to_end(pd.read_csv(r / "training.csv"), a.out, a.profile, pd.read_csv(r / "throughput.csv"))
 
 
+def cmd_claims(a) -> int:
+    generated = claims.table(a.root)
+    if a.check is None:
+        sys.stdout.write(generated)
+        return 0
+    if claims.quoted(a.check) != generated:
+        print(f"fp4quant.analysis: {a.check}'s claims table differs from the evidence's: replace it with the output of "
+              f"`python -m fp4quant.analysis claims`", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fp4quant.analysis", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -176,8 +195,8 @@ def main(argv=None) -> int:
     b = sub.add_parser("ablation", help="one ablation against the full method, as a CSV")
     b.add_argument("name")
     b.add_argument("--profile", required=True)
-    b.add_argument("--runs", nargs="+", required=True)
-    b.add_argument("--error", required=True)
+    b.add_argument("--runs", nargs="*", default=[], help="training run folders (not for naive_pack: same bytes)")
+    b.add_argument("--error", default=None, help="error benchmark CSV (not for naive_pack)")
     b.add_argument("--kernels", required=True)
     b.add_argument("--out", required=True)
     s = sub.add_parser("study", help="the convergence study's results from its run folders")
@@ -200,13 +219,19 @@ def main(argv=None) -> int:
                        help="files that must come from one machine, commit and torch (default: the CSVs it reads)")
     z = sub.add_parser("freeze", help="copy a complete run (data, figures, tables) into a reference folder")
     z.add_argument("--profile", required=True)
-    z.add_argument("--to", required=True, help="the reference folder, e.g. reference/cpu-amd-epyc-2core")
+    z.add_argument("--to", required=True, help="the reference folder to create, e.g. reference/figures-<machine>")
     z.add_argument("--data", default="data", help="the folder holding <profile>/")
     z.add_argument("--figures", default="figures")
     z.add_argument("--tables", default="paper/tables")
     z.add_argument("--produced-by", default="make figures", help="the command that produced the run (for the README)")
+    k = sub.add_parser("claims", help="the README's claims table, from the canonical evidence (reference/, data/)")
+    k.add_argument("--root", default=".", help="the repository root the evidence paths are relative to")
+    k.add_argument("--check", default=None, metavar="README",
+                   help="exit 1 when this file's generated table differs from the evidence's")
     a = ap.parse_args(argv)
     try:
+        if a.command == "claims":
+            return cmd_claims(a)
         if a.command == "freeze":
             origin = freeze(a.profile, a.to, a.data, a.figures, a.tables, a.produced_by)
             print(f"froze profile {a.profile} ({'; '.join(origin['hardware'])}, commit {origin['commit'][:12]}) "
