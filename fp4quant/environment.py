@@ -10,7 +10,6 @@ runner for its ranks only -- stretch time (sleeps, never a value).
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -51,34 +50,15 @@ VARIABLES = (
              "(the same bytes)"),
     Variable("FP4QUANT_NO_CLUSTER", "debug", "fp4quant/cluster/netns.py",
              "`1`: never build the emulated cluster (network namespaces); run on loopback"),
-    Variable("FP4QUANT_CLUSTER_LATENCY_S", "cluster", "fp4quant/environment.py (cluster_dilation)",
+    Variable("FP4QUANT_CLUSTER_LATENCY_S", "cluster", "fp4quant/cluster/rank.py (dilation_from_env)",
              "set by `python -m fp4quant.cluster run` for its ranks only: seconds slept before each wire step of a "
-             "collective (the dilated per-hop latency; fp4quant.comm.dilation); finite, >= 0; unset: 0"),
-    Variable("FP4QUANT_CLUSTER_CODEC_BPS", "cluster", "fp4quant/environment.py (cluster_dilation)",
+             "collective (the dilated per-hop latency; fp4quant.cluster.dilation); finite, >= 0; unset: 0"),
+    Variable("FP4QUANT_CLUSTER_CODEC_BPS", "cluster", "fp4quant/cluster/rank.py (dilation_from_env)",
              "set by `python -m fp4quant.cluster run` for its ranks only: the dilated target codec's bytes/s; each "
              "codec op is stretched (slept) to at least its target bytes over it; finite, >= 0; unset or 0: off"),
     Variable("FP4QUANT_TEST_BACKEND", "tests", "tests/distributed.py -> the rank jobs",
              "set by the test launcher for its ranks: `gloo` or `nccl`"),
 )
-
-
-def _non_negative(name: str, raw: str | None) -> float:
-    raw = (raw or "").strip()
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {raw!r}")
-    return value
-
-
-def cluster_dilation() -> tuple[float, float]:
-    """(latency_s, codec_bytes_per_s) the cluster runner set for this rank; (0, 0) outside it."""
-    return (_non_negative("FP4QUANT_CLUSTER_LATENCY_S", os.environ.get("FP4QUANT_CLUSTER_LATENCY_S")),
-            _non_negative("FP4QUANT_CLUSTER_CODEC_BPS", os.environ.get("FP4QUANT_CLUSTER_CODEC_BPS")))
 
 
 def current() -> dict[str, str | None]:

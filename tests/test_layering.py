@@ -119,3 +119,23 @@ def test_the_check_catches_what_the_layering_forbids(tmp_path):
         assert list(private_attributes(bad, "bench")) == ["plan._CALLS"]
     finally:
         PACKAGE = saved
+
+
+CORE = ("format", "reference", "ops", "comm", "parallel")  # the library: nothing of the lab below or beside it
+LAB = ("cluster", "perfmodel", "bench", "analysis")
+
+
+def test_the_core_knows_nothing_of_emulation_and_never_sleeps():
+    """The collectives' one seam is fp4quant.comm.hooks: the emulated cluster plugs in there,
+    so no core module imports the lab's layers, and none sleeps (time is the hooks' business)."""
+    problems = []
+    for layer in CORE:
+        for path in sorted((PACKAGE / layer).rglob("*.py")):
+            rel = path.relative_to(PACKAGE)
+            problems += [f"{rel}: imports {t}" for t, _, _ in imports(path) if t in LAB]
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call):
+                    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                    if name == "sleep":
+                        problems.append(f"{rel}:{node.lineno}: sleeps")
+    assert not problems, "\n".join(problems)

@@ -34,7 +34,6 @@ from tqdm import tqdm
 
 from .. import comm
 from ..comm import auto
-from ..environment import cluster_dilation
 from ..format.config import QuantConfig
 from ..ops import backend as codec_backend
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
@@ -97,10 +96,10 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup: int, group=None,
-            validate: bool = False, dilation: comm.Dilation | None = None) -> dict:
+            validate: bool = False) -> dict:
     """Time ``iters`` all-reduces of ``src`` (copied into ``work`` before each); ``validate``:
-    each call validated across ranks first (to time what validation costs); ``dilation``:
-    the emulated cluster's (fp4quant.comm.dilation), set by its runner."""
+    each call validated across ranks first (to time what validation costs).  Under the
+    emulated cluster its rank wrapper has installed the dilation (fp4quant.comm.hooks)."""
     config = None if s.config == "none" else QuantConfig.preset(s.config)
     algorithm = "two_shot" if s.algorithm == "uncompressed" else s.algorithm
 
@@ -110,7 +109,7 @@ def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup
         dist.barrier(group)
         t = time.perf_counter()
         comm.all_reduce(work, config, group, algorithm=algorithm, chunk_bytes=s.chunk_bytes, stats_key="bench",
-                        overlap=s.overlap, validate=validate, dilation=dilation)
+                        overlap=s.overlap, validate=validate)
         _sync(work.device)
         return time.perf_counter() - t
 
@@ -238,10 +237,9 @@ def main(argv=None) -> int:
     chunked = "auto" if args.chunk_bytes == "auto" else (int(args.chunk_bytes) or None)
     series_list = series(args.presets, args.algorithms, chunked, [] if args.no_chunk_sweep else args.chunk_sweep)
     dtype = getattr(torch, args.dtype)
-    dilation = comm.Dilation(*cluster_dilation())  # under the emulated cluster only; else nothing slept
     prov = provenance(device, backend=backend, world_size=world, sizes=sizes, iters=args.iters,
                       budget_mib=args.budget_mib, validate=args.validate, threads_per_rank=torch.get_num_threads(),
-                      dilation=dilation.to_dict(), codec_backend=codec_backend(device), argv=sys.argv[1:] if argv is None else argv)
+                      hooks=comm.hooks.describe(), codec_backend=codec_backend(device), argv=sys.argv[1:] if argv is None else argv)
     common = {"backend": backend, "world_size": world, "dtype": args.dtype, "hardware": prov["hardware"],
               "torch": prov["torch"], "commit": prov["commit"], "codec": prov["codec_backend"]}
     rows: list[dict] = []
@@ -258,7 +256,7 @@ def main(argv=None) -> int:
             if (size, s) not in todo_set:
                 continue
             bar.set_postfix_str(f"{size // KIB} KiB {s.label}")
-            m = measure(s, src, work, iters, warmup, validate=args.validate, dilation=dilation)
+            m = measure(s, src, work, iters, warmup, validate=args.validate)
             base = m["latency_s"] if s.config == "none" else base
             rows.append({
                 "study": s.study, "series": s.label, "config": s.config, "algorithm": s.algorithm,

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import tempfile
 
-from ..comm.dilation import TARGET_VALUE_BYTES, Dilation
 from ..provenance import atomic_write_json, provenance
 from .calibrate import calibrate
+from .dilation import TARGET_VALUE_BYTES, Dilation
 from .guard import Lifeline, wait_all
 from .netns import EmulatedCluster, LinkSpec, cleanup_stale, kernel_has_netem, unavailable_reason
+from .rank import variables
 
 
 class UsageError(ValueError):
@@ -73,9 +74,9 @@ def run_dilation(a, cal: dict | None, link: LinkSpec, latency_shaped: bool) -> D
         raise UsageError(f"--calibration {a.calibration}: {exc}") from None
 
 
-def dilation_env(d: Dilation) -> dict[str, str]:
-    """The variables the ranks read it from (fp4quant.environment.cluster_dilation)."""
-    return {"FP4QUANT_CLUSTER_LATENCY_S": repr(d.latency_s), "FP4QUANT_CLUSTER_CODEC_BPS": repr(d.codec_bytes_per_s)}
+def rank_job(job: list[str]) -> list[str]:
+    """The job as each rank runs it: through fp4quant.cluster.rank, which installs the dilation."""
+    return ["-m", "fp4quant.cluster.rank", *job]
 
 
 def dilation_record(d: Dilation, cal: dict | None, link: LinkSpec, latency_shaped: bool) -> dict:
@@ -129,7 +130,7 @@ def cmd_run(a, job: list[str]) -> int:
         print(f"fp4quant.cluster: removed {name}, left behind by a run that was killed", file=sys.stderr)
     with EmulatedCluster(a.nodes, link) as cluster:
         dilation = run_dilation(a, cal, link, cluster.latency_shaped)
-        env.update(dilation_env(dilation))
+        env.update(variables(dilation))
         record["dilation"] = dilation_record(dilation, cal, link, cluster.latency_shaped)
         added = dilation.latency_s + (link.latency_s if cluster.latency_shaped else 0.0)
         if a.record and added == 0:
@@ -142,7 +143,8 @@ def cmd_run(a, job: list[str]) -> int:
                 print(f"fp4quant.cluster: the latency probe failed ({probe['failed']}); running the job",
                       file=sys.stderr)
         master = cluster.members[0].address
-        codes = cluster.run_all([torchrun(a.nodes, a.nproc_per_node, i, master, a.port) + job for i in range(a.nodes)],
+        codes = cluster.run_all([torchrun(a.nodes, a.nproc_per_node, i, master, a.port) + rank_job(job)
+                                 for i in range(a.nodes)],
                                 timeout=a.timeout, env=env)
         if a.record:
             atomic_write_json(a.record, {**record, "emulated": True, "latency_shaped": cluster.latency_shaped,

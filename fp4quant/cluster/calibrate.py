@@ -34,7 +34,7 @@ from .. import comm, ops
 from ..format.config import QuantConfig
 from ..models import ModelConfig, Qwen2ForCausalLM
 from ..comm import exchange
-from ..comm.dilation import TARGET_VALUE_BYTES
+from .dilation import TARGET_VALUE_BYTES
 from ..comm.plan import shard_values
 from ..parallel import CommConfig, TPCommunicator
 from .netns import LinkSpec

@@ -1,5 +1,5 @@
 """The emulated cluster's measured latency: a small all-reduce timed inside it, with and without
-the latency the ranks inject (fp4quant.comm.dilation), before the job runs.
+the latency the ranks inject (fp4quant.cluster.dilation), before the job runs.
 
     torchrun ... -m fp4quant.cluster.probe --out probe.json   (the cluster runner starts it)
 
@@ -20,20 +20,21 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..environment import cluster_dilation
 from ..provenance import atomic_write_json
+from .rank import dilation_from_env
 
 PROBE_BYTES = 4096
 PROBE_ITERATIONS = 7
 
 
-def time_all_reduce(x: torch.Tensor, dilation: comm.Dilation, iterations: int, warmup: int = 2) -> dict:
-    """Median, min and max seconds of ``iterations`` uncompressed all-reduces of ``x``."""
+def time_all_reduce(x: torch.Tensor, iterations: int, warmup: int = 2) -> dict:
+    """Median, min and max seconds of ``iterations`` uncompressed all-reduces of ``x`` (under
+    whatever collective hooks are installed)."""
     times = []
     for i in range(warmup + iterations):
         dist.barrier()
         t = time.perf_counter()
-        comm.all_reduce(x, None, dilation=dilation, stats_key="probe")
+        comm.all_reduce(x, None, stats_key="probe")
         if i >= warmup:
             times.append(time.perf_counter() - t)
     slowest = torch.tensor(times, dtype=torch.float64)
@@ -50,12 +51,16 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     dist.init_process_group("gloo")
     try:
-        dilation = comm.Dilation(*cluster_dilation())
+        dilation = dilation_from_env()
         x = torch.ones(max(1, a.bytes // 4))
         world = dist.get_world_size()
-        plain = time_all_reduce(x, comm.Dilation(), a.iterations)
+        plain = time_all_reduce(x, a.iterations)
         comm.reset_stats()
-        dilated = time_all_reduce(x, dilation, a.iterations, warmup=0)
+        comm.hooks.install(dilation)
+        try:
+            dilated = time_all_reduce(x, a.iterations, warmup=0)
+        finally:
+            comm.hooks.remove()
         steps = comm.stats()["probe"]["wire_steps"]  # of the dilated series: each had its latency slept
         if dist.get_rank() == 0:
             atomic_write_json(a.out, {

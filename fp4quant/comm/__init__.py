@@ -8,6 +8,8 @@
     streams = comm.RandomStreams(seed)                          # stochastic rounding: the caller's streams
     comm.all_reduce(x, sr_config, streams=streams, stats_key="bwd")
     comm.stats(); comm.reset_stats(); comm.take_spans()
+    opts = comm.Options("fp4quant", stats_key="fwd")             # one options value, built once
+    comm.all_reduce(x, group=tp_group, options=opts)
 
 ``config`` is a Wire (exact, cast to bf16, or compressed) or what ``Wire.of`` makes one
 of: ``None`` or the ``bf16`` preset is the plain uncompressed collective (exactly torch's
@@ -16,22 +18,23 @@ values (empty included), float32 / bfloat16 / float16, contiguous or not; every 
 ends with bit-identical results; NaN or Inf in a rank's input becomes NaN in the same
 micro-group (with the FWHT: the same FWHT group) on every rank.
 
-Modules: collectives (public API), wire (what crosses the wire), streams (random streams
-of stochastic rounding, owned by the caller), algorithms (the Call and two-shot,
-one-shot, gather, scatter as chunked pipelines), exchange (their all-to-all and all-gather:
-full duplex on gloo), plan (sharding, padding, chunking),
-auto (algorithm selection from the benchmark's thresholds), validate (argument checks
-and cross-rank validation), counters (stats()), dilation (the emulated cluster's latency
-and codec stretch).  Benchmark:
+Modules: collectives (public API), options (what a call does besides its tensors), wire
+(what crosses the wire), streams (random streams of stochastic rounding, owned by the
+caller), algorithms (the Call and two-shot, one-shot, gather, scatter as chunked
+pipelines), exchange (their all-to-all and all-gather: full duplex on gloo), plan
+(sharding, padding, chunking), auto (algorithm selection from the benchmark's
+thresholds), validate (argument checks and cross-rank validation), counters (stats()),
+hooks (the one seam: called around wire steps and codec ops; none by default).  Benchmark:
 ``torchrun --standalone --nproc-per-node 2 -m fp4quant.bench.collectives``.
 """
 
 from __future__ import annotations
 
+from . import hooks
 from .auto import Thresholds, set_table
 from .collectives import DEFAULT_CHUNK_BYTES, all_gather, all_reduce, reduce_scatter
 from .counters import reset_stats, stats, take_spans
-from .dilation import Dilation
+from .options import Options
 from .plan import default_chunk_bytes
 from .streams import RandomStreams, derive, mix64
 from .validate import ALGORITHMS, OPS
@@ -40,8 +43,8 @@ from .wire import Wire
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_CHUNK_BYTES",
-    "Dilation",
     "OPS",
+    "Options",
     "RandomStreams",
     "Thresholds",
     "Wire",
@@ -49,6 +52,7 @@ __all__ = [
     "all_reduce",
     "default_chunk_bytes",
     "derive",
+    "hooks",
     "mix64",
     "reduce_scatter",
     "reset_stats",

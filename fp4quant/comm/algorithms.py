@@ -7,16 +7,15 @@ one_shot    (all-reduce) quantize_rows(1, N) -> all-gather -> dequantize_reduce(
 gather      (all-gather) quantize_rows(1, n) -> all-gather -> dequantize_rows (W, n)
 scatter     (reduce-scatter) quantize_rows(W, n) -> all-to-all -> dequantize_reduce(requantize=False)
 
-Each takes its tensors and one ``Call`` (group, world, rank, wire, streams, recorder,
-chunking, overlap), built once per collective by fp4quant.comm.collectives.  Each works
-chunk by chunk (fp4quant.comm.plan.chunks); with more than one chunk the collective of
-chunk k runs (async_op=True) while the codec works on its neighbours.  The all-to-alls
-and all-gathers are fp4quant.comm.exchange's (on gloo: every receive posted before any
-send).  ``call.rec`` (a counters.Recorder) counts the bytes each rank sends: (W-1) of its W
-messages in an all-to-all or an all-gather, and the W-1 wire steps of each (where the
-emulated cluster's dilation sleeps their latency); each codec op tells it the bytes the
-target's op moves (values at dilation.TARGET_VALUE_BYTES, messages at their own size): its
-codec stretch.
+Each takes its tensors and one ``Call`` (group, world, rank, wire, the caller's Options,
+random streams, recorder, chunking), built once per collective by
+fp4quant.comm.collectives.  Each works chunk by chunk (fp4quant.comm.plan.chunks); with
+more than one chunk the collective of chunk k runs (async_op=True) while the codec works
+on its neighbours.  The all-to-alls and all-gathers are fp4quant.comm.exchange's (on
+gloo: every receive posted before any send).  ``call.rec`` (a counters.Recorder) counts
+the bytes each rank sends: (W-1) of its W messages in an all-to-all or an all-gather, and
+the W-1 wire steps of each; each codec op tells it the values it handled and its
+messages' bytes (what installed hooks, fp4quant.comm.hooks, are told).
 
 Stochastic rounding draws each value's uniform by its position in the whole call
 (fp4quant.comm.streams), never by its chunk, so chunking changes no bit of the result of a
@@ -29,6 +28,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -38,27 +38,38 @@ from .. import ops
 from ..format.packed import join_messages, layout, slice_messages
 from . import exchange, plan
 from .counters import Recorder
-from .dilation import TARGET_VALUE_BYTES as VB
-from .streams import CallStreams
+from .options import Options
+from .streams import CallStreams, RandomStreams
 from .wire import Wire
 
 
 @dataclass(frozen=True)
 class Call:
-    """Everything one compressed collective needs, resolved once by the caller."""
+    """Everything one collective needs, resolved once when it is prepared."""
 
-    group: Any  # the process group (None: the default group)
+    group: Any  # the process group
     world: int
     rank: int
-    wire: Wire  # a compressed wire: its config is the codec's
-    streams: CallStreams  # this call's seed and counter offsets on this rank
+    wire: Wire  # resolved from options.wire (a cast wire's narrowed call: exact); compressed: the codec's config
+    options: Options  # the caller's, unchanged
+    random: RandomStreams | None  # the caller's random streams (stochastic rounding)
     rec: Recorder
     chunk_values: int | None  # values per pipeline chunk (None: one chunk)
-    overlap: bool = True  # False: each chunk through all stages before the next (the benchmark's control)
+
+    @cached_property
+    def streams(self) -> CallStreams:
+        """This call's seed and counter offsets on this rank, drawn from the caller's streams at
+        first use: only a compressed algorithm that runs draws (exact wires, empty tensors and
+        an "auto" that stays uncompressed do not)."""
+        return self.random.next(self.rank) if self.random is not None else CallStreams(0, self.rank)
 
     @property
     def config(self):
         return self.wire.config
+
+    @property
+    def overlap(self) -> bool:
+        return self.options.overlap
 
     def issue(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Start an asynchronous collective on the group (None on one rank: nothing to send)."""
@@ -108,7 +119,7 @@ def _quantize_gather(src: torch.Tensor, call: Call):
         with rec.codec("quantize") as op:
             rows = src[ch.start : ch.start + ch.numel].view(1, -1)
             msg = ops.quantize_rows(rows, call.config, call.streams.seed, call.streams.offset(ch.start))
-            op.bytes_moved = VB * ch.numel + msg.numel()
+            op.values, op.message_bytes = ch.numel, msg.numel()
         gathered = msg.new_empty(world * msg.numel()) if world > 1 else msg
         rec.bytes_sent += (world - 1) * msg.numel()
         return (ch, gathered), call.issue(exchange.all_gather, gathered, msg.view(-1))
@@ -154,7 +165,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
             src = buf
         with rec.codec("quantize") as op:
             msgs = ops.quantize_rows(src.view(world, S), config, seed, call.streams.offset(ch.start))
-            op.bytes_moved = VB * world * S + msgs.numel()
+            op.values, op.message_bytes = world * S, msgs.numel()
         recv = torch.empty_like(msgs) if world > 1 else msgs
         rec.bytes_sent += (world - 1) * msgs.shape[1]
         return (ch, S, recv), call.issue(exchange.all_to_all, recv, msgs)
@@ -163,7 +174,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
         ch, S, recv = state
         with rec.codec("dequantize") as op:
             mine = _reduce_requantize(recv, S, ch.start + call.rank * S, shard, call, dtype)
-            op.bytes_moved = recv.numel() + mine.numel()
+            op.values, op.message_bytes = 0, recv.numel() + mine.numel()  # message to message
         gathered = mine.new_empty(world * mine.numel()) if world > 1 else mine
         rec.bytes_sent += (world - 1) * mine.numel()
         return (ch, S, gathered), call.issue(exchange.all_gather, gathered, mine)
@@ -179,7 +190,7 @@ def two_shot(flat: torch.Tensor, call: Call) -> None:
             else:
                 vals = ops.dequantize_rows(gathered.view(world, -1), S, config, dtype, saturate=world == 1)
                 dest.copy_(vals.view(-1)[: ch.numel])
-            op.bytes_moved = gathered.numel() + VB * world * S
+            op.values, op.message_bytes = world * S, gathered.numel()
         return None, None
 
     _pipeline(call.chunks(flat.numel(), world * config.block), (quantize, reduce, finish), call)
@@ -193,7 +204,7 @@ def one_shot(flat: torch.Tensor, call: Call) -> None:
         ch, gathered = state
         with call.rec.codec("dequantize") as op:
             vals = ops.dequantize_reduce(gathered.view(world, -1), ch.numel, call.config, dtype, requantize=False)
-            op.bytes_moved = gathered.numel() + VB * ch.numel
+            op.values, op.message_bytes = ch.numel, gathered.numel()
         flat[ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
 
@@ -212,7 +223,7 @@ def gather(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
                 ops.dequantize_rows(gathered.view(world, -1), ch.numel, call.config, dtype, out=dest)
             else:
                 dest.copy_(ops.dequantize_rows(gathered.view(world, -1), ch.numel, call.config, dtype))
-            op.bytes_moved = gathered.numel() + VB * world * ch.numel
+            op.values, op.message_bytes = world * ch.numel, gathered.numel()
         return None, None
 
     _pipeline(call.chunks(src.numel(), call.config.block), (_quantize_gather(src, call), finish), call)
@@ -237,7 +248,7 @@ def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
                 msgs = torch.cat([ops.quantize_rows(rows[j : j + 1], config, seed,
                                                     call.streams.offset(j * row_stride + ch.start))
                                   for j in range(world)])
-            op.bytes_moved = VB * rows.numel() + msgs.numel()
+            op.values, op.message_bytes = rows.numel(), msgs.numel()
         recv = torch.empty_like(msgs) if world > 1 else msgs
         rec.bytes_sent += (world - 1) * msgs.shape[1]
         return (ch, recv), call.issue(exchange.all_to_all, recv, msgs)
@@ -246,7 +257,7 @@ def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
         ch, recv = state
         with rec.codec("dequantize") as op:
             vals = ops.dequantize_reduce(recv, ch.numel, config, dtype, requantize=False)
-            op.bytes_moved = recv.numel() + VB * ch.numel
+            op.values, op.message_bytes = ch.numel, recv.numel()
         out[ch.start : ch.start + ch.numel].copy_(vals)
         return None, None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -22,8 +22,8 @@ from . import algorithms, auto, exchange, plan
 from . import validate as vd
 from .algorithms import Call
 from .counters import Recorder
-from .dilation import Dilation
-from .streams import CallStreams, RandomStreams
+from .options import Options
+from .streams import RandomStreams
 from .wire import Wire
 
 reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -48,36 +48,23 @@ def _ring_bytes(numel: int, itemsize: int, world: int, factor: int) -> int:
     return factor * (world - 1) * numel * itemsize // world
 
 
-@dataclass(frozen=True)
-class _Setup:
-    """One collective's resolved arguments: group, wire and options, checked on every rank."""
-
-    group: Any
-    world: int
-    rank: int
-    wire: Wire
-    streams: RandomStreams | None
-    stats_key: str
-    chunk_bytes: int | str | None
-    overlap: bool
-    sync_timing: bool
-    dilation: Dilation
-
-    def recorder(self, device: torch.device) -> Recorder:
-        return Recorder(self.stats_key, device, self.sync_timing, self.dilation)
-
-    def call(self, rec: Recorder, t: torch.Tensor, numel: int) -> Call:
-        """The Call of a compressed collective of ``numel`` values per shard (draws its streams)."""
-        streams = self.streams.next(self.rank) if self.streams is not None else CallStreams(0, self.rank)
-        chunk = plan.chunk_values(self.chunk_bytes, t.element_size(), numel, t.device)
-        return Call(self.group, self.world, self.rank, self.wire, streams, rec, chunk, self.overlap)
+def _options(options: Options | None, config: WireSpec, **fields) -> Options:
+    """The call's Options: the caller's, or one built from the functional API's arguments."""
+    if options is None:
+        return Options(wire=config, **fields)
+    if not isinstance(options, Options):
+        raise TypeError(f"options must be a fp4quant.comm.Options, got {type(options).__name__}")
+    if config is not None:
+        raise TypeError("pass the wire either as config or in options, not both")
+    return options
 
 
-def _prepare(name: str, group, spec: WireSpec, checks: Callable[[Wire, int], Any], *, validate: bool,
-             streams: RandomStreams | None, stats_key: str, chunk_bytes, overlap: bool, sync_timing: bool,
-             dilation: Dilation | None, **fields) -> tuple[_Setup | None, Any]:
+def _prepare(name: str, group, options: Options, streams: RandomStreams | None, checks: Callable[[Wire, int], Any],
+             sizing: torch.Tensor, numel: int, **fields) -> tuple[Call | None, Any]:
     """Resolve the group and the wire, run the local checks (which return what they resolved),
-    validate across ranks if asked.  (None, None) when this rank is not in the group."""
+    validate across ranks if asked (``fields``: the tensors and arguments compared), and build
+    the call: chunked for ``numel`` values of ``sizing``'s dtype, timed on its device.
+    (None, None) when this rank is not in the group."""
     rank = dist.get_rank(group)
     if rank < 0:
         return None, None
@@ -86,23 +73,22 @@ def _prepare(name: str, group, spec: WireSpec, checks: Callable[[Wire, int], Any
     wire: Wire | None = None
     checked = None
     try:
-        wire = Wire.of(spec)
+        wire = Wire.of(options.wire)
         checked = checks(wire, world)
-        vd.check_chunk_bytes(chunk_bytes)
+        vd.check_algorithm(options.algorithm)
+        vd.check_chunk_bytes(options.chunk_bytes)
         vd.check_streams(wire, streams)
-        if dilation is not None and not isinstance(dilation, Dilation):
-            raise TypeError(f"dilation must be a fp4quant.comm.Dilation or None, got {type(dilation).__name__}")
     except (TypeError, ValueError) as exc:
         error, wire = exc, None
-    if validate:
-        vd.exchange(group, vd.record(name, None if wire is None else wire.config, **fields, chunk_bytes=chunk_bytes,
-                                     overlap=overlap), error)
+    if options.validate:
+        vd.exchange(group, vd.record(name, None if wire is None else wire.config, **fields, **options.record()), error)
     elif error is not None:
         raise error
     assert wire is not None
-    setup = _Setup(group if group is not None else dist.group.WORLD, world, rank, wire, streams, stats_key,
-                   chunk_bytes, overlap, sync_timing, dilation or Dilation())
-    return setup, checked
+    chunk = plan.chunk_values(options.chunk_bytes, sizing.element_size(), numel, sizing.device)
+    rec = Recorder(options.stats_key, sizing.device, options.sync_timing)
+    call = Call(group if group is not None else dist.group.WORLD, world, rank, wire, options, streams, rec, chunk)
+    return call, checked
 
 
 def all_reduce(
@@ -118,7 +104,7 @@ def all_reduce(
     streams: RandomStreams | None = None,
     overlap: bool = True,
     sync_timing: bool = False,
-    dilation: Dilation | None = None,
+    options: Options | None = None,
 ) -> None:
     """All-reduce ``tensor`` in place over ``group``, compressed under ``config``.
 
@@ -126,7 +112,8 @@ def all_reduce(
                 plain ``torch.distributed.all_reduce`` (exactly its result); ``Wire.cast()``
                 sends a wider tensor as bf16 and casts the result back
     op          "sum" or "avg" (or the matching ``dist.ReduceOp``); avg divides the sum by the
-                world size once at the end, in the tensor's dtype
+                world size once at the end, in the tensor's dtype; "max" on an uncompressed
+                wire only
     algorithm   "two_shot" (quantize, all-to-all, FP32 sum of the shard in the transformed
                 domain, re-quantize, all-gather, decode: two quantization errors, about
                 2 (W-1)/W of the compressed tensor sent per rank), "one_shot" (all-gather
@@ -152,41 +139,42 @@ def all_reduce(
     overlap     False: each pipeline chunk through all its stages before the next (the
                 benchmark's control for what overlap buys)
     sync_timing on CUDA, synchronize around timed steps so stats() holds GPU durations
-    dilation    the emulated cluster's time dilation (fp4quant.comm.dilation: latency slept
-                per wire step, codec ops stretched to the dilated target's); None: none
+    options     all of the above but op, group and streams as one fp4quant.comm.Options
+                (what a caller sending many collectives alike builds once); it replaces
+                config and the keyword options
 
     World size 1 still runs the codec, so the error is that of any world size.
     """
+    options = _options(options, config, algorithm=algorithm, chunk_bytes=chunk_bytes, validate=validate,
+                       stats_key=stats_key, overlap=overlap, sync_timing=sync_timing)
 
     def checks(wire: Wire, world: int) -> str:
         vd.check_tensor(tensor, "tensor", wire.kind == "compressed")
-        vd.check_algorithm(algorithm)
-        return vd.resolve_op(op)
+        op_name = vd.resolve_op(op)
+        if op_name == "max" and wire.kind == "compressed":
+            raise ValueError("op 'max' needs an uncompressed wire (a sum of quantized values has no max)")
+        return op_name
 
-    setup, op_name = _prepare(
-        "all_reduce", group, config, checks, validate=validate, streams=streams, stats_key=stats_key,
-        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing, dilation=dilation,
-        tensor=tensor, op=str(op), algorithm=algorithm,
-    )
-    if setup is None:
+    call, op_name = _prepare("all_reduce", group, options, streams, checks, tensor, tensor.numel(),
+                             tensor=tensor, op=str(op))
+    if call is None:
         return
-    if setup.wire.narrows(tensor.dtype):
+    if call.wire.narrows(tensor.dtype):
         with torch.no_grad():
-            narrow = tensor.to(setup.wire.dtype)
-            _all_reduce(narrow, replace(setup, wire=Wire.exact()), op_name, algorithm)
+            narrow = tensor.to(call.wire.dtype)
+            _all_reduce(narrow, replace(call, wire=Wire.exact()), op_name)
             tensor.copy_(narrow)
         return
-    _all_reduce(tensor, setup, op_name, algorithm)
+    _all_reduce(tensor, call, op_name)
 
 
-def _all_reduce(tensor: torch.Tensor, setup: _Setup, op_name: str, algorithm: str) -> None:
-    world = setup.world
-    rec = setup.recorder(tensor.device)
+def _all_reduce(tensor: torch.Tensor, call: Call, op_name: str) -> None:
+    world, rec = call.world, call.rec
     n, itemsize = tensor.numel(), tensor.element_size()
     rec.bytes_uncompressed = _ring_bytes(n, itemsize, world, 2)
-    algo = algorithm if setup.wire.kind == "compressed" else "uncompressed"
+    algo = call.options.algorithm if call.wire.kind == "compressed" else "uncompressed"
     if algo == "auto":
-        algo = auto.choose(n * itemsize, world, _backend(setup.group, tensor.device))
+        algo = auto.choose(n * itemsize, world, _backend(call.group, tensor.device))
     if n == 0:
         rec.commit()
         return
@@ -197,10 +185,11 @@ def _all_reduce(tensor: torch.Tensor, setup: _Setup, op_name: str, algorithm: st
             rec.bytes_sent = rec.bytes_uncompressed
             with rec.comm():
                 rec.wire(2 * (world - 1))  # a ring: reduce-scatter then all-gather
-                dist.all_reduce(flat, group=setup.group)
+                dist.all_reduce(flat, op=dist.ReduceOp.MAX if op_name == "max" else dist.ReduceOp.SUM,
+                                group=call.group)
         else:
             run = algorithms.two_shot if algo == "two_shot" else algorithms.one_shot
-            run(flat, setup.call(rec, tensor, n))
+            run(flat, call)
         if op_name == "avg":
             flat.div_(world)
         if work is not tensor:
@@ -219,17 +208,16 @@ def _check_pair(input, output, wire: Wire, *, big, small, world) -> None:
         raise ValueError(f"{name} has {big.numel()} values, expected world size {world} x {small.numel()}")
 
 
-def _shard_collective(input: torch.Tensor, output: torch.Tensor, setup: _Setup, gathers: bool, divide: bool) -> None:
+def _shard_collective(input: torch.Tensor, output: torch.Tensor, call: Call, gathers: bool, divide: bool) -> None:
     """The body of all_gather (``gathers``) and reduce_scatter; a cast wire narrows both tensors."""
-    if setup.wire.narrows(input.dtype):
+    if call.wire.narrows(input.dtype):
         with torch.no_grad():
-            narrow = torch.empty_like(output, dtype=setup.wire.dtype)  # write-only
-            _shard_collective(input.to(setup.wire.dtype), narrow, replace(setup, wire=Wire.exact()), gathers, divide)
+            narrow = torch.empty_like(output, dtype=call.wire.dtype)  # write-only
+            _shard_collective(input.to(call.wire.dtype), narrow, replace(call, wire=Wire.exact()), gathers, divide)
             output.copy_(narrow)
         return
-    world = setup.world
+    world, rec = call.world, call.rec
     n = input.numel() if gathers else output.numel()  # values of one rank's shard
-    rec = setup.recorder(input.device)
     rec.bytes_uncompressed = (world - 1) * n * input.element_size()
     if n == 0:
         rec.commit()
@@ -238,18 +226,18 @@ def _shard_collective(input: torch.Tensor, output: torch.Tensor, setup: _Setup, 
         src = input.reshape(-1).contiguous()
         work = output if output.is_contiguous() else output.contiguous()
         flat = work.view(-1)
-        if setup.wire.kind != "compressed":
+        if call.wire.kind != "compressed":
             rec.bytes_sent = rec.bytes_uncompressed
             with rec.comm():
                 rec.wire(world - 1)
                 if gathers:  # bit-identical to torch's all-gather; receive-first on gloo
-                    exchange.all_gather(flat, src, group=setup.group)
+                    exchange.all_gather(flat, src, group=call.group)
                 else:  # torch's (gloo: a ring all-reduce of the whole input, 2x the bytes counted)
-                    _quiet(reduce_scatter_flat, flat, src, group=setup.group)
+                    _quiet(reduce_scatter_flat, flat, src, group=call.group)
         elif gathers:
-            algorithms.gather(src, flat.view(world, n), setup.call(rec, input, n))
+            algorithms.gather(src, flat.view(world, n), call)
         else:
-            algorithms.scatter(src.view(world, n), flat, setup.call(rec, input, n))
+            algorithms.scatter(src.view(world, n), flat, call)
         if divide:
             flat.div_(world)
         if work is not output:
@@ -276,23 +264,21 @@ def all_gather(
     streams: RandomStreams | None = None,
     overlap: bool = True,
     sync_timing: bool = False,
-    dilation: Dilation | None = None,
+    options: Options | None = None,
 ) -> None:
     """Gather every rank's ``input`` into ``output`` (W * input.numel() values, rank order),
     like ``torch.distributed.all_gather_into_tensor``; each input crosses the wire as one
     compressed message, and every rank (the sender too) decodes the same bytes.  The other
     arguments as in all_reduce; chunking is off by default here (not benchmarked)."""
+    options = _options(options, config, chunk_bytes=chunk_bytes, validate=validate, stats_key=stats_key,
+                       overlap=overlap, sync_timing=sync_timing)
 
     def checks(wire: Wire, world: int) -> None:
         _check_pair(input, output, wire, big=output, small=input, world=world)
 
-    setup, _ = _prepare(
-        "all_gather", group, config, checks, validate=validate, streams=streams, stats_key=stats_key,
-        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing, dilation=dilation,
-        input=input, output=output,
-    )
-    if setup is not None:
-        _shard_collective(input, output, setup, gathers=True, divide=False)
+    call, _ = _prepare("all_gather", group, options, streams, checks, input, input.numel(), input=input, output=output)
+    if call is not None:
+        _shard_collective(input, output, call, gathers=True, divide=False)
 
 
 def reduce_scatter(
@@ -308,7 +294,7 @@ def reduce_scatter(
     streams: RandomStreams | None = None,
     overlap: bool = True,
     sync_timing: bool = False,
-    dilation: Dilation | None = None,
+    options: Options | None = None,
 ) -> None:
     """Reduce ``input`` (W * output.numel() values) over ``group`` and keep shard r (values
     r * n .. (r + 1) * n - 1) on rank r, like ``torch.distributed.reduce_scatter_tensor``.
@@ -317,16 +303,17 @@ def reduce_scatter(
     block), all-to-all, then ``dequantize_reduce`` sums the W messages in FP32 in the
     transformed domain and decodes them once (one quantization error).  The other
     arguments as in all_reduce; chunking is off by default here (not benchmarked)."""
+    options = _options(options, config, chunk_bytes=chunk_bytes, validate=validate, stats_key=stats_key,
+                       overlap=overlap, sync_timing=sync_timing)
 
     def checks(wire: Wire, world: int) -> str:
         op_name = vd.resolve_op(op)
+        if op_name == "max":
+            raise ValueError("reduce_scatter takes op 'sum' or 'avg'")
         _check_pair(input, output, wire, big=input, small=output, world=world)
         return op_name
 
-    setup, op_name = _prepare(
-        "reduce_scatter", group, config, checks, validate=validate, streams=streams, stats_key=stats_key,
-        chunk_bytes=chunk_bytes, overlap=overlap, sync_timing=sync_timing, dilation=dilation,
-        input=input, output=output, op=str(op),
-    )
-    if setup is not None:
-        _shard_collective(input, output, setup, gathers=False, divide=op_name == "avg")
+    call, op_name = _prepare("reduce_scatter", group, options, streams, checks, input, output.numel(),
+                             input=input, output=output, op=str(op))
+    if call is not None:
+        _shard_collective(input, output, call, gathers=False, divide=op_name == "avg")

@@ -22,13 +22,7 @@ comm_s              seconds in the collectives: issuing them, and waiting for th
                     chunked pipelining, only the part not hidden behind the codec
 total_s             seconds of the whole call (includes padding and copies)
 wire_steps          wire steps of the collectives (a ring all-reduce or the two-shot
-                    2 (W-1), an all-gather, all-to-all or reduce-scatter W-1): under the
-                    emulated cluster's dilation (fp4quant.comm.dilation) each had its
-                    latency slept first, inside comm_s
-codec_stretch_s     under the dilation: seconds slept after codec ops to last as long as
-                    the dilated target codec, inside codec_s
-codec_unstretched   under the dilation: codec ops already slower than the dilated target
-                    (nothing slept: this machine's codec was the slower)
+                    2 (W-1), an all-gather, all-to-all or reduce-scatter W-1)
 
 spans (``take_spans()``, not in ``stats()``): each timed part of ``comm_s`` as its
                     (start, end) on ``time.perf_counter``'s clock, in order, per key, kept
@@ -59,11 +53,11 @@ from typing import Any, Iterator
 
 import torch
 
-from .dilation import Dilation
+from . import hooks as _hooks
 
 FIELDS = ("calls", "bytes_sent", "bytes_uncompressed", "codec_s", "quantize_s", "dequantize_s", "comm_s", "total_s",
-          "wire_steps", "codec_stretch_s", "codec_unstretched")
-COUNTS = ("calls", "bytes_sent", "bytes_uncompressed", "wire_steps", "codec_unstretched")
+          "wire_steps")
+COUNTS = ("calls", "bytes_sent", "bytes_uncompressed", "wire_steps")
 CODEC_OPS = ("quantize", "dequantize")  # the two codec timers: Recorder.codec(op)
 
 
@@ -78,8 +72,8 @@ _keep_spans = False  # set by the first take_spans()
 
 def stats() -> dict[str, dict[str, Any]]:
     """A copy of the counters: ``{stats_key: {calls, bytes_sent, bytes_uncompressed, codec_s,
-    quantize_s, dequantize_s, comm_s, total_s, wire_steps, codec_stretch_s, codec_unstretched}}``
-    (see the module doc for what each counts)."""
+    quantize_s, dequantize_s, comm_s, total_s, wire_steps}}`` (see the module doc for what each
+    counts)."""
     return copy.deepcopy(dict(_STATS))
 
 
@@ -101,35 +95,32 @@ def take_spans() -> dict[str, list[tuple[float, float]]]:
 
 
 class CodecOp:
-    """What one codec op moves at the target (set by the op's caller): stretched to it on exit."""
+    """What one codec op handled, set by its caller: told to the installed hooks on exit."""
 
-    __slots__ = ("bytes_moved",)
+    __slots__ = ("values", "message_bytes")
 
     def __init__(self) -> None:
-        self.bytes_moved = 0
+        self.values = 0  # values encoded or decoded
+        self.message_bytes = 0  # bytes of messages written or read
 
 
 class Recorder:
-    """Accumulates one call's counters; ``commit()`` adds them to the totals of ``key``.
-    ``dilation``: the emulated cluster's latency and codec stretch (nothing slept by default)."""
+    """Accumulates one call's counters; ``commit()`` adds them to the totals of ``key``.  The
+    hooks installed when the call starts (fp4quant.comm.hooks) see its wire steps and codec ops."""
 
-    __slots__ = ("key", "cuda", "dilation", "bytes_sent", "bytes_uncompressed", "quantize_s", "dequantize_s", "comm_s",
-                 "start", "spans",
-                 "wire_steps", "codec_stretch_s", "codec_unstretched")
+    __slots__ = ("key", "cuda", "hooks", "bytes_sent", "bytes_uncompressed", "quantize_s", "dequantize_s", "comm_s",
+                 "start", "spans", "wire_steps")
 
-    def __init__(self, key: str, device: torch.device, sync_timing: bool = False,
-                 dilation: Dilation | None = None) -> None:
+    def __init__(self, key: str, device: torch.device, sync_timing: bool = False) -> None:
         self.key = key
         self.cuda = device.type == "cuda" and sync_timing
-        self.dilation = dilation or Dilation()
+        self.hooks = _hooks.installed()
         self.bytes_sent = 0
         self.bytes_uncompressed = 0
         self.quantize_s = 0.0
         self.dequantize_s = 0.0
         self.comm_s = 0.0
         self.wire_steps = 0
-        self.codec_stretch_s = 0.0
-        self.codec_unstretched = 0
         self.spans: list[tuple[float, float]] = []
         self.start = time.perf_counter()
 
@@ -141,32 +132,28 @@ class Recorder:
     @contextmanager
     def codec(self, op_name: str) -> Iterator[CodecOp]:
         """Time a codec op: ``op_name`` "quantize" (the first encoding) or "dequantize"
-        (decoding, dequantize-reduce with its re-quantization included).  Under a codec
-        dilation, sleep until it has lasted the dilated target's time for the ``bytes_moved``
-        the caller sets on the yielded CodecOp."""
+        (decoding, dequantize-reduce with its re-quantization included).  The caller sets what
+        the op handled on the yielded CodecOp; the hooks' time after it counts as the op's."""
         if op_name not in CODEC_OPS:
             raise ValueError(f"codec op must be one of {CODEC_OPS}, got {op_name!r}")
         t = self._now()
         op = CodecOp()
         yield op
         elapsed = self._now() - t
-        target = self.dilation.codec_target_s(op.bytes_moved)
-        if target > elapsed:
-            self.dilation.sleep(target - elapsed)
-            self.codec_stretch_s += target - elapsed
-            elapsed = self._now() - t  # what it lasted, the sleep's overshoot included
-        elif target > 0:
-            self.codec_unstretched += 1
+        if self.hooks is not None:
+            self.hooks.on_codec(op_name, elapsed, op.values, op.message_bytes)
+            elapsed = self._now() - t
         if op_name == "quantize":
             self.quantize_s += elapsed
         else:
             self.dequantize_s += elapsed
 
     def wire(self, steps: int) -> None:
-        """Count ``steps`` wire steps of a collective about to be issued; under a latency
-        dilation, sleep each one's latency first (call inside ``comm()``)."""
+        """Count ``steps`` wire steps of a collective about to be issued, and tell the hooks
+        (call inside ``comm()``: their time is communication)."""
         self.wire_steps += steps
-        self.dilation.wire_steps(steps)
+        if self.hooks is not None:
+            self.hooks.on_wire(steps)
 
     @contextmanager
     def comm(self) -> Iterator[None]:
@@ -188,7 +175,5 @@ class Recorder:
         s["comm_s"] += self.comm_s
         s["total_s"] += time.perf_counter() - self.start
         s["wire_steps"] += self.wire_steps
-        s["codec_stretch_s"] += self.codec_stretch_s
-        s["codec_unstretched"] += self.codec_unstretched
         if self.spans:
             _SPANS[self.key].extend(self.spans)

@@ -32,7 +32,7 @@ from ..format.packed import FLOAT_DTYPES
 from .streams import RandomStreams
 from .wire import Wire
 
-OPS = ("sum", "avg")
+OPS = ("sum", "avg", "max")  # max: uncompressed all_reduce only
 ALGORITHMS = ("two_shot", "one_shot", "auto")  # the one list: the trainer, the schema and the workflow read it
 # how long a validating rank waits for the others' records: ranks reach a collective seconds
 # apart, not minutes, even at a run's first step
@@ -48,13 +48,12 @@ def check_streams(wire: Wire, streams: RandomStreams | None) -> None:
 
 
 def resolve_op(op: Any) -> str:
-    if op == dist.ReduceOp.SUM:
-        return "sum"
-    if op == dist.ReduceOp.AVG:
-        return "avg"
+    for name, reduce_op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("max", dist.ReduceOp.MAX)):
+        if op == reduce_op:
+            return name
     if isinstance(op, str) and op.lower() in OPS:
         return op.lower()
-    raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+    raise ValueError(f"op must be one of {OPS}, got {op!r}")
 
 
 def check_tensor(t: Any, what: str, compressed: bool) -> None:

@@ -21,18 +21,20 @@ this rank's contribution to every collective of a captured step.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..comm import DEFAULT_CHUNK_BYTES, Dilation, RandomStreams, Wire, all_gather, all_reduce, reduce_scatter
+from dataclasses import replace
+
+from ..comm import DEFAULT_CHUNK_BYTES, Options, RandomStreams, Wire, all_gather, all_reduce, reduce_scatter
 from ..format.config import QuantConfig
 from .capture import TrafficCapture
 
 COMPRESS_CHOICES = ("none", "fwd", "bwd", "both")
 DIRECTIONS = ("fwd", "bwd")
+EXACT_OPTIONS = Options(Wire.exact(), stats_key="exact")  # all_reduce_exact's
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,7 @@ class CommConfig:
     for exact; ``algorithm``, ``chunk_bytes``, ``overlap`` and ``sync_timing`` as in
     fp4quant.comm.all_reduce; ``seed``: the base seed of the communicator's random streams;
     ``validate``: validate every collective across ranks (one record through the store each; a
-    trainer validates its first step whatever this says); ``dilation``: the emulated
-    cluster's latency and codec stretch (fp4quant.comm.dilation; None outside it)."""
+    trainer validates its first step whatever this says)."""
 
     fwd: QuantConfig | None = None
     bwd: QuantConfig | None = None
@@ -52,7 +53,13 @@ class CommConfig:
     validate: bool = False
     overlap: bool = True
     sync_timing: bool = False
-    dilation: Dilation | None = None
+
+    def options(self, direction: str) -> Options:
+        """The one fp4quant.comm.Options of ``direction``'s collectives (its wire, counted under
+        its own stats key), built once by the communicator."""
+        return Options(Wire.of(getattr(self, direction), uncompressed="cast"), algorithm=self.algorithm,
+                       chunk_bytes=self.chunk_bytes, overlap=self.overlap, validate=self.validate,
+                       sync_timing=self.sync_timing, stats_key=direction)
 
     @classmethod
     def from_preset(cls, preset: str, compress: str = "both", stochastic_backward: bool = True, **kwargs) -> CommConfig:
@@ -76,10 +83,23 @@ class CommConfig:
 
 @dataclass(frozen=True)
 class Route:
-    """Where a direction's traffic goes: the wire it sends, the stats key it is counted under."""
+    """How a direction's traffic goes: its collectives' Options, and the same validating."""
 
-    wire: Wire
-    stats_key: str
+    options: Options
+    validating: Options
+
+    @classmethod
+    def of(cls, config: CommConfig, direction: str) -> Route:
+        options = config.options(direction)
+        return cls(options, replace(options, validate=True))
+
+    @property
+    def wire(self) -> Wire:
+        return self.options.wire
+
+    @property
+    def stats_key(self) -> str:
+        return self.options.stats_key
 
 
 class TPCommunicator:
@@ -90,15 +110,12 @@ class TPCommunicator:
         self.group = group
         self.capture = capture
         self.config = config or CommConfig()
-        self.routes = {d: Route(Wire.of(getattr(self.config, d), uncompressed="cast"), d) for d in DIRECTIONS}
+        self.routes = {d: Route.of(self.config, d) for d in DIRECTIONS}
         self.streams = RandomStreams(self.config.seed)
         self.validate = self.config.validate
         self.world = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if group is not None and dist.is_initialized() else 0
         self.virtual = False
-        # seconds spent in all_reduce_exact (a dilated latency and a wait for a slower peer
-        # included): the trainer's timer of its uncompressed all-reduces reads it
-        self.exact_allreduce_s = 0.0
 
     def __deepcopy__(self, memo) -> TPCommunicator:
         # a handle on a process group and the one owner of its streams: shared, never copied
@@ -123,15 +140,13 @@ class TPCommunicator:
 
     def _prepare(self, direction: str, x: torch.Tensor) -> dict:
         """Check ``direction``, hand ``x`` (this rank's contribution) to the capture if any, and
-        return the collective's arguments."""
+        return the collective's arguments: the direction's Options, as they were built."""
         if direction not in self.routes:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         if self.capture is not None:
             self.capture.record(direction, x)
         route = self.routes[direction]
-        return dict(config=route.wire, group=self.group, chunk_bytes=self.config.chunk_bytes, validate=self.validate,
-                    stats_key=route.stats_key, streams=self.streams, overlap=self.config.overlap,
-                    sync_timing=self.config.sync_timing, dilation=self.config.dilation)
+        return dict(group=self.group, streams=self.streams, options=route.validating if self.validate else route.options)
 
     def _check_real(self) -> None:
         if self.virtual:
@@ -141,7 +156,7 @@ class TPCommunicator:
         """Sum over the group, in place; returns x."""
         self._check_real()
         if self.world > 1:
-            all_reduce(x, algorithm=self.config.algorithm, **self._prepare(direction, x))
+            all_reduce(x, **self._prepare(direction, x))
         return x
 
     def all_gather(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -164,13 +179,10 @@ class TPCommunicator:
         reduce_scatter(out, x, **self._prepare(direction, x))
         return out
 
-    def all_reduce_exact(self, x: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
-        """Uncompressed all-reduce for the small, exact reductions (softmax statistics, norms)."""
+    def all_reduce_exact(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Uncompressed all-reduce for the small, exact reductions (softmax statistics, norms):
+        "sum" or "max", counted under the stats key "exact" (the trainer's scalar time)."""
         self._check_real()
         if self.world > 1:
-            t0 = time.perf_counter()
-            if self.config.dilation is not None:
-                self.config.dilation.wire_steps(2 * (self.world - 1))  # a ring, as comm.all_reduce's
-            dist.all_reduce(x, op=op, group=self.group)
-            self.exact_allreduce_s += time.perf_counter() - t0
+            all_reduce(x, group=self.group, op=op, options=EXACT_OPTIONS)
         return x

@@ -164,7 +164,7 @@ def regime_rows(cal: dict, runs: list[str | Path], warmup: int, presets=("bf16",
         if len(shapes) > 1:
             raise ValueError(f"the {p} runs have different shapes (seq_len, batch_size): {sorted(shapes)}")
         rows.append(_row(scenario, "predicted", p, w, parts(w, emu, p)))
-        latency = s["comm"]["dilation"]["latency_s"]
+        latency = (s["comm"].get("hooks") or {}).get("latency_s", 0.0)
         per_run = [measured_parts(r["steady"], w.tp, latency) for r in group]
         mean = {c: statistics.fmean(x[c] for x in per_run) for c in COMPONENTS}
         sd = {c: statistics.stdev(shares(x)[c] for x in per_run) if len(per_run) > 1 else 0.0 for c in COMPONENTS}

@@ -31,7 +31,6 @@ from tqdm import tqdm
 
 from .. import comm
 from ..data import TokenDataset
-from ..environment import cluster_dilation
 from ..format.config import PRESETS, QuantConfig
 from ..models import Qwen2ForCausalLM
 from ..models.hf import load_safetensors
@@ -101,8 +100,7 @@ class Trainer:
         self.is_logger = self.mesh.rank == 0
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
                                                   algorithm=cfg.algorithm, seed=cfg.seed,
-                                                  validate=cfg.validate_every_step, sync_timing=cfg.sync_timing,
-                                                  dilation=comm.Dilation(*cluster_dilation()))
+                                                  validate=cfg.validate_every_step, sync_timing=cfg.sync_timing)
         self.capture = None
         if cfg.capture_steps and self.mesh.dp_rank == 0:  # the DP replicas send the same kind of traffic
             meta = {"model": cfg.model, "model_config": cfg.model_config().to_dict(), "tp": cfg.tp,
@@ -223,7 +221,8 @@ class Trainer:
 
     def _all_reduce_scalar(self, t: torch.Tensor, **kwargs) -> None:
         """dist.all_reduce of a step's small uncompressed reduction, timed: with the model's
-        all_reduce_exact, the record's scalar_comm_s (a wait for a slower peer included)."""
+        all_reduce_exact (counted under the stats key "exact"), the record's scalar_comm_s (a
+        wait for a slower peer included)."""
         t0 = time.perf_counter()
         dist.all_reduce(t, **kwargs)
         self.scalar_allreduce_s += time.perf_counter() - t0
@@ -258,7 +257,7 @@ class Trainer:
         self.validate_next_step = False
         before = comm.stats()
         comm.take_spans()  # the step's own spans from here on
-        scalar_before = self.scalar_allreduce_s + self.tp.exact_allreduce_s
+        scalar_before = self.scalar_allreduce_s
         self._sync()
         t0 = time.perf_counter()
         ids, labels = self.data.batch(self.step, self.mesh.dp_rank, self.mesh.dp, cfg.batch_size, cfg.seq_len, cfg.seed)
@@ -289,7 +288,8 @@ class Trainer:
         step_time = time.perf_counter() - t0
         record = {"step": self.step, "loss": float(loss_value), "lr": lr, "grad_norm": grad_norm,
                   "step_time_s": step_time, "tokens_per_s": self.tokens_per_step / step_time,
-                  "scalar_comm_s": self.scalar_allreduce_s + self.tp.exact_allreduce_s - scalar_before, **counted}
+                  "scalar_comm_s": self.scalar_allreduce_s - scalar_before + after.get("exact", {}).get("comm_s", 0.0)
+                  - before.get("exact", {}).get("comm_s", 0.0), **counted}
         for direction in self.tp.routes:
             record[f"{direction}_comm_least_s"] = comm_least_s[direction]
             if comm_link_s is not None:
@@ -458,7 +458,7 @@ class Trainer:
             "comm": {"fwd": str(self.comm_config.fwd) if self.mesh.tp > 1 else "nothing sent (TP = 1)",
                      "bwd": str(self.comm_config.bwd) if self.mesh.tp > 1 else "nothing sent (TP = 1)",
                      "label": self.label, "algorithm": self.cfg.algorithm,
-                     "dilation": self.comm_config.dilation.to_dict()},  # the emulated cluster's (zeros elsewhere)
+                     "hooks": comm.hooks.describe()},  # what shaped the collectives' time (the emulated cluster's)
             **{k: v for k, v in self._identity().items() if k != "mesh"},  # the data's (and an hf: model's) checksum
             "steps": self.step,
             "resumed_from": resumed_from,

@@ -12,10 +12,11 @@ import pytest
 
 from _netns_helpers import needs_cluster
 
-from fp4quant.cluster.__main__ import dilation_env, main as cluster_main, run_dilation
+from fp4quant.cluster.__main__ import main as cluster_main, rank_job, run_dilation
 from fp4quant.cluster.calibrate import TargetCluster
+from fp4quant.cluster.dilation import Dilation
 from fp4quant.cluster.netns import LinkSpec
-from fp4quant.comm import Dilation
+from fp4quant.cluster.rank import variables
 
 calibrate_module = importlib.import_module("fp4quant.cluster.calibrate")  # the package exports its function
 
@@ -47,8 +48,34 @@ def test_the_runner_injects_the_latency_netem_did_not_shape_and_the_codec_stretc
     assert run_dilation(_args(codec_bps=1e6), cal, link, False) == Dilation(0.0665, 1e6)
     assert run_dilation(_args(), None, link, False) == Dilation(0.0665, 0.0)  # --latency-ms alone
     assert run_dilation(_args(link_only=True), cal, link, False) == Dilation()
-    env = dilation_env(Dilation(0.0665, 3.5e8))
+    env = variables(Dilation(0.0665, 3.5e8))
     assert float(env["FP4QUANT_CLUSTER_LATENCY_S"]) == 0.0665 and float(env["FP4QUANT_CLUSTER_CODEC_BPS"]) == 3.5e8
+    assert rank_job(["-m", "fp4quant.train", "--tp", "2"]) == ["-m", "fp4quant.cluster.rank", "-m", "fp4quant.train",
+                                                               "--tp", "2"]
+
+
+@pytest.mark.parametrize("how", ["module", "script"])
+def test_a_rank_runs_its_job_with_the_dilation_installed(tmp_path, how):
+    """The job (here a script or a module printing what the collectives' hooks are) knows
+    nothing of the emulation: the rank wrapper installs it from the runner's variables."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "job.py").write_text("import sys, fp4quant.comm as comm\n"
+                                     "print(comm.hooks.describe(), sys.argv[1:])\n")
+    job = [str(tmp_path / "job.py"), "a"] if how == "script" else ["-m", "job", "a"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           **variables(Dilation(0.25, 1e6))}
+    out = subprocess.run([sys.executable, "-m", "fp4quant.cluster.rank", *job], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "'latency_s': 0.25" in out.stdout and "'codec_bytes_per_s': 1000000.0" in out.stdout, out.stdout
+    assert out.stdout.strip().endswith("['a']"), out.stdout
+    plain = subprocess.run([sys.executable, "-m", "fp4quant.cluster.rank", *job],
+                           env={k: v for k, v in env.items() if not k.startswith("FP4QUANT_CLUSTER_")},
+                           capture_output=True, text=True, timeout=120)
+    assert plain.stdout.startswith("None"), plain.stdout
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])

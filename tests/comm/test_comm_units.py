@@ -138,8 +138,9 @@ def test_argument_checks():
     validate.check_streams(stochastic, RandomStreams(3))
     validate.check_streams(Wire.of("fp4quant"), None)  # round-to-nearest draws no random numbers
     assert validate.resolve_op("SUM") == "sum" and validate.resolve_op(dist.ReduceOp.AVG) == "avg"
+    assert validate.resolve_op("max") == validate.resolve_op(dist.ReduceOp.MAX) == "max"  # uncompressed wires only
     with pytest.raises(ValueError):
-        validate.resolve_op("max")
+        validate.resolve_op("min")
     with pytest.raises(TypeError):
         validate.check_tensor(torch.ones(3, dtype=torch.int8), "tensor", True)
     with pytest.raises(TypeError):

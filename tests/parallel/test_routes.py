@@ -1,11 +1,14 @@
-"""A TPCommunicator resolves each direction once, when built, to a (wire, stats key) route."""
+"""A TPCommunicator resolves each direction once, when built, to a route: the one
+fp4quant.comm.Options of its collectives (wire, stats key, the CommConfig's options)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
-from fp4quant.comm import Wire
+from fp4quant.comm import Options, Wire
 from fp4quant.format.config import QuantConfig
 from fp4quant.parallel import CommConfig, Route, TPCommunicator
 
@@ -15,16 +18,27 @@ def routes(preset, compress="both", **kw):
     return tp.routes["fwd"], tp.routes["bwd"]
 
 
+def wires(preset, compress="both", **kw):
+    return tuple((r.wire, r.stats_key) for r in routes(preset, compress, **kw))
+
+
 def test_every_spelling_of_uncompressed_is_one_of_two_wires():
-    assert routes("exact") == (Route(Wire.exact(), "fwd"), Route(Wire.exact(), "bwd"))
-    assert routes("bf16") == (Route(Wire.cast(torch.bfloat16), "fwd"), Route(Wire.cast(torch.bfloat16), "bwd"))
+    assert wires("exact") == ((Wire.exact(), "fwd"), (Wire.exact(), "bwd"))
+    assert wires("bf16") == ((Wire.cast(torch.bfloat16), "fwd"), (Wire.cast(torch.bfloat16), "bwd"))
     assert routes("fp4quant", "none") == routes("bf16")
+
+
+def test_a_route_carries_the_configs_options_once_built():
+    fwd, _ = routes("fp4quant", algorithm="one_shot", chunk_bytes=4096, overlap=False)
+    assert isinstance(fwd, Route) and fwd.options == Options(Wire.of("fp4quant"), algorithm="one_shot",
+                                                             chunk_bytes=4096, overlap=False, stats_key="fwd")
+    assert fwd.validating == dataclasses.replace(fwd.options, validate=True)
 
 
 def test_compressed_directions():
     fp4 = QuantConfig.preset("fp4quant")
-    fwd, bwd = routes("fp4quant")
-    assert fwd == Route(Wire.of(fp4), "fwd") and bwd == Route(Wire.of(fp4.replace(rounding="stochastic")), "bwd")
+    fwd, bwd = wires("fp4quant")
+    assert fwd == (Wire.of(fp4), "fwd") and bwd == (Wire.of(fp4.replace(rounding="stochastic")), "bwd")
     fwd, bwd = routes("fp4quant", "bwd", stochastic_backward=False)
     assert fwd.wire == Wire.cast() and bwd.wire == Wire.of(fp4)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -70,7 +72,9 @@ def misconfigured_rank(rank, world, **kwargs):
     field shows (as a rank running other code would): the first step's validation must name it."""
     trainer = Trainer(TrainConfig(**kwargs))
     if rank == 1:  # the communicator's forward route, resolved when it was built, replaced
-        trainer.tp.routes["fwd"] = Route(Wire.of(QuantConfig.preset("no_fwht")), "fwd")
+        route = trainer.tp.routes["fwd"]
+        trainer.tp.routes["fwd"] = Route(*(dataclasses.replace(o, wire=Wire.of(QuantConfig.preset("no_fwht")))
+                                           for o in (route.options, route.validating)))
     try:
         trainer.run()
     except ValueError as exc:

@@ -1,5 +1,6 @@
-"""The emulated cluster's time dilation (fp4quant.comm.dilation): off by default, a sleep per
-wire step's latency, codec ops stretched and never shortened, bad values refused in one line."""
+"""The emulated cluster's time dilation (fp4quant.cluster.dilation), installed as the
+collectives' hooks: off by default, a sleep per wire step's latency, codec ops stretched and
+never shortened, bad values refused in one line."""
 
 from __future__ import annotations
 
@@ -9,22 +10,23 @@ import pytest
 import torch
 
 from distributed import run_ranks
-from fp4quant import environment
-from fp4quant.comm import Dilation, counters
-from fp4quant.comm import dilation as dilation_module
+from fp4quant.cluster import dilation as dilation_module
+from fp4quant.cluster import rank as cluster_rank
+from fp4quant.cluster.dilation import Dilation
+from fp4quant.comm import counters, hooks
 
 
 def test_off_by_default_and_outside_the_cluster(monkeypatch):
     assert not Dilation().active and Dilation().codec_target_s(10**9) == 0.0
     monkeypatch.delenv("FP4QUANT_CLUSTER_LATENCY_S", raising=False)
     monkeypatch.delenv("FP4QUANT_CLUSTER_CODEC_BPS", raising=False)
-    assert Dilation(*environment.cluster_dilation()) == Dilation()
+    assert cluster_rank.dilation_from_env() == Dilation()
 
 
 def test_the_cluster_runner_variables_reach_the_dilation(monkeypatch):
     monkeypatch.setenv("FP4QUANT_CLUSTER_LATENCY_S", "0.0665")
     monkeypatch.setenv("FP4QUANT_CLUSTER_CODEC_BPS", "3.5e8")
-    assert Dilation(*environment.cluster_dilation()) == Dilation(0.0665, 3.5e8)
+    assert cluster_rank.dilation_from_env() == Dilation(0.0665, 3.5e8)
     assert Dilation(0.0, 1e6).codec_target_s(2000) == pytest.approx(2e-3)
 
 
@@ -33,7 +35,7 @@ def test_the_cluster_runner_variables_reach_the_dilation(monkeypatch):
 def test_bad_variables_are_refused_in_one_line(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError) as e:
-        environment.cluster_dilation()
+        cluster_rank.dilation_from_env()
     msg = str(e.value)
     assert "\n" not in msg and name in msg and repr(value) in msg
 
@@ -46,26 +48,44 @@ def test_bad_fields_are_refused_in_one_line(field, value):
     assert "\n" not in str(e.value) and field in str(e.value)
 
 
+def recorder_under(dilation: Dilation) -> counters.Recorder:
+    hooks.install(dilation)
+    try:
+        return counters.Recorder("t", torch.device("cpu"))
+    finally:
+        hooks.remove()
+
+
 def test_a_stretched_codec_op_lasts_its_target_and_counts_as_codec_time():
     """Real sleeps: a lower bound only (a sleep never ends early), never an upper one."""
-    rec = counters.Recorder("t", torch.device("cpu"), dilation=Dilation(codec_bytes_per_s=1e6))
+    dilation = Dilation(codec_bytes_per_s=1e6)
+    rec = recorder_under(dilation)
     with rec.codec("quantize") as op:
-        op.bytes_moved = 200_000  # 200 ms at 1 MB/s: far longer than a preempted empty block
-    assert rec.quantize_s >= 0.2 and 0 < rec.codec_stretch_s <= 0.2 and rec.codec_unstretched == 0
+        op.message_bytes = 200_000  # 200 ms at 1 MB/s: far longer than a preempted empty block
+    assert rec.quantize_s >= 0.2 and 0 < dilation.slept["codec_stretch_s"] <= 0.2
+    assert dilation.slept["codec_unstretched"] == 0
+
+
+def test_the_target_counts_values_at_bf16_and_messages_at_their_bytes(monkeypatch):
+    slept = []
+    monkeypatch.setattr(dilation_module.Dilation, "sleep", staticmethod(slept.append))
+    Dilation(codec_bytes_per_s=1e3).on_codec("quantize", 0.0, values=1000, message_bytes=500)
+    assert slept == [pytest.approx((2 * 1000 + 500) / 1e3)]
 
 
 def test_an_op_slower_than_its_target_is_left_alone_and_counted(monkeypatch):
     slept = []
     monkeypatch.setattr(dilation_module.Dilation, "sleep", staticmethod(slept.append))
-    rec = counters.Recorder("t", torch.device("cpu"), dilation=Dilation(codec_bytes_per_s=1e18))
+    dilation = Dilation(codec_bytes_per_s=1e18)
+    rec = recorder_under(dilation)
     with rec.codec("quantize") as op:
-        op.bytes_moved = 1000
-    assert slept == [] and rec.codec_unstretched == 1 and rec.codec_stretch_s == 0.0
+        op.message_bytes = 1000
+    assert slept == [] and dilation.slept["codec_unstretched"] == 1 and dilation.slept["codec_stretch_s"] == 0.0
     plain = counters.Recorder("t", torch.device("cpu"))
     with plain.codec("quantize") as op:
-        op.bytes_moved = 1000
+        op.message_bytes = 1000
     plain.wire(6)
-    assert slept == [] and plain.codec_unstretched == 0 and plain.wire_steps == 6
+    assert slept == [] and plain.wire_steps == 6
 
 
 # wire steps of each collective at world W: a ring all-reduce and the two-shot 2 (W-1), the
@@ -79,18 +99,17 @@ def expected(world: int) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_each_collective_sleeps_its_wire_steps_latency(world):
-    for rank in run_ranks("comm._dilation_jobs:latency_steps", world, timeout=240):
+    for rank in run_ranks("cluster._dilation_jobs:latency_steps", world, timeout=240):
         for name, (sleeps, steps) in expected(world).items():
             got = rank[f"{name}/dilated"]
             assert (got["sleeps"], got["steps"]) == (sleeps, steps), (name, got)
-            if name != "exact_of_communicator":  # not a counted collective of fp4quant.comm
-                assert got["wire_steps"] == steps, (name, got)
+            assert got["wire_steps"] == steps, (name, got)
             default = rank[f"{name}/default"]
             assert default["sleeps"] == 0 and default["steps"] == 0, (name, default)
 
 
 def test_codec_stretch_never_shortens_and_changes_no_value():
-    for rank in run_ranks("comm._dilation_jobs:codec_stretch", 2, timeout=240):
+    for rank in run_ranks("cluster._dilation_jobs:codec_stretch", 2, timeout=240):
         slow, fast = rank["slow"], rank["fast"]
         assert len(slow["sleeps"]) == 3 and all(s > 0 for s in slow["sleeps"])  # quantize, reduce, decode
         assert slow["stretch_s"] == pytest.approx(sum(slow["sleeps"])) and slow["unstretched"] == 0
