@@ -69,3 +69,38 @@ def test_paired_timer_alternates_which_call_goes_first():
     assert len(times) == len(copies) == 5
     assert calls[:2] == ["op", "copy"]  # the warm-up calls
     assert calls[2:] == ["op", "copy", "copy", "op"] * 2 + ["op", "copy"]
+
+
+def test_dtypes_add_a_dtype_column_and_the_fp8_cast_anchor(tmp_path):
+    """float32 and bfloat16 inputs of the same byte sizes: one row per (op, impl, preset, dtype,
+    size, threads), bfloat16 rows holding twice the values and moving 2 bytes per value."""
+    out = tmp_path / "k.csv"
+    assert kernels.main(["--quick", "--threads", "1", "--dtypes", "float32,bfloat16", "--max-mib", "1",
+                         "--out", str(out)]) == 0
+    df = pd.read_csv(out)
+    df["preset"] = df.preset.fillna("")
+    assert set(df.dtype) == {"float32", "bfloat16"}
+    assert not df.duplicated(["op", "impl", "preset", "dtype", "size_bytes", "threads"]).any()
+    for size in kernels.QUICK_SIZES:
+        at = df[df.size_bytes == size].set_index(["op", "impl", "preset", "dtype"])
+        assert at.loc[("copy", "torch", "", "bfloat16")].numel == 2 * at.loc[("copy", "torch", "", "float32")].numel
+        q = at.loc[("quantize", "native", "fp4quant", "bfloat16")]
+        assert q.bytes_moved == 2 * q.numel + layout(q.numel, QuantConfig.preset("fp4quant")).nbytes
+        cast = at.loc[("cast_fp8", "torch", "e4m3fn", "float32")]
+        assert cast.bytes_moved == 5 * cast.numel and cast.gbps > 0
+    meta = json.loads((tmp_path / "k.csv.meta.json").read_text())
+    assert meta["dtypes"] == ["float32", "bfloat16"] and set(meta["summaries"]) == {"float32", "bfloat16"}
+    assert meta["summary"]["dtype"] == "float32" and meta["summaries"]["bfloat16"]["cast_fp8_gbps"] > 0
+    assert meta["torchao"] != "absent"  # installed with the test dependencies
+
+
+def test_one_thread_count_on_cuda_by_default():
+    assert kernels.thread_list(None, "cuda") == [1]
+    assert kernels.thread_list(None, "cpu") == sorted({1, torch.get_num_threads()})
+    assert kernels.thread_list("1,4", "cuda") == [1, 4]
+
+
+def test_bad_dtypes_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        kernels.main(["--quick", "--dtypes", "float64"])
+    assert "--dtypes wants some of float32, bfloat16, float16" in capsys.readouterr().err
