@@ -3,8 +3,12 @@
 // Plain C++17, no torch headers: nvcc compiles it for the device, any C++ compiler for
 // the host.  Every function follows the reference (fp4quant/reference) operation for
 // operation, in float32 with round-to-nearest-even, so the kernels reproduce its bits.
-// Build with FP contraction off (-ffp-contract=off, nvcc --fmad=false): a fused
-// multiply-add rounds once where the reference rounds twice.
+// A fused multiply-add rounds once where the reference rounds twice, so every float
+// operation here goes through mul_rn / add_rn / sub_rn / div_rn / rcp_rn (fma_rn where
+// one rounding is the contract): on the device these are the intrinsics nvcc never
+// contracts, whatever --fmad says (tests/ops/test_cuda.py compares the SASS of the default
+// build with the --fmad=false one); on the host they are the plain operators, so host
+// builds keep FP contraction off (-ffp-contract=off: setup.py, tests/ops/cuda_emu/build.py).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,68 @@
 #endif
 
 namespace fp4q {
+
+// ---- float32 arithmetic: one rounding (to nearest even) per operation ----
+
+FP4Q_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+FP4Q_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+FP4Q_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+// IEEE division (never the approximate one, whatever -prec-div says)
+FP4Q_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// 1 / a, correctly rounded (= div_rn(1.0f, a))
+FP4Q_HD float rcp_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(a);
+#else
+  return 1.0f / a;
+#endif
+}
+
+// a * b + c with one rounding: only where that is the contract (an exact product)
+FP4Q_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return __builtin_fmaf(a, b, c);
+#endif
+}
+
+// a / d for a constant d > 0 given C = fp32(1 / d): RN(a * C), then one correction with the
+// remainder, which the fused multiply-add computes exactly (Markstein).  Equal to div_rn(a, d)
+// whenever that quotient is zero or at least 2**-126 (a normal float); below, both are below
+// 2**-126 (tests/ops/test_encoders.py checks every float for the divisors used: 6, 2688).
+FP4Q_HD float div_const_rn(float a, float d, float C) {
+  const float q = mul_rn(a, C);
+  return fma_rn(fma_rn(-q, d, a), C, q);
+}
 
 // ---- configuration (mirrors fp4quant.format.QuantConfig; see fp4quant/ops/codes.py) ----
 
@@ -77,7 +143,7 @@ FP4Q_HD Layout make_layout(const Config& c, int64_t n) {
 // coarse scale = block amax / divisor (6 * 448 = 2688 for FP4 under E4M3 micro-scales)
 FP4Q_HD float coarse_divisor(const Config& c) {
   float smax = c.micro_scale == kScaleE4M3 ? 448.0f : (c.micro_scale == kScaleFP16 ? 65504.0f : 1.0f);
-  return element_max(c.element) * smax;
+  return mul_rn(element_max(c.element), smax);
 }
 
 // ---- float32 bit tricks ----
@@ -133,7 +199,7 @@ constexpr float kF32Max = 3.4028234663852886e38f;
 // v * f, a finite v saturating at +-kF32Max instead of overflowing (the way back from a
 // normalized FWHT group without a coarse scale; NaN and +-inf stay as they are).
 FP4Q_HD float mul_saturating(float v, float f) {
-  const float r = v * f;
+  const float r = mul_rn(v, f);
   if (is_finite(v) && !is_finite(r)) return sign_bit(v) ? -kF32Max : kF32Max;
   return r;
 }
@@ -165,19 +231,19 @@ FP4Q_HD float grid_round(float a, Grid g, int32_t mode, float u) {
     e = e < g.emin ? g.emin : e;
     sp = pow2(e - g.mbits);
   }
-  float idx = a / sp;
+  float idx = div_rn(a, sp);
   float lo = floor_f(idx);
-  float frac = idx - lo;
+  float frac = sub_rn(idx, lo);
   bool up;
   if (mode == kGridNearest) {
-    bool odd = (lo - 2.0f * floor_f(lo * 0.5f)) == 1.0f;
+    bool odd = sub_rn(lo, mul_rn(2.0f, floor_f(mul_rn(lo, 0.5f)))) == 1.0f;
     up = frac > 0.5f || (frac == 0.5f && odd);
   } else if (mode == kGridUp) {
     up = frac > 0.0f;
   } else {
     up = u < frac;
   }
-  float q = (lo + (up ? 1.0f : 0.0f)) * sp;
+  float q = mul_rn(add_rn(lo, up ? 1.0f : 0.0f), sp);
   return min_keep_nan(q, g.max);
 }
 
@@ -185,14 +251,14 @@ FP4Q_HD float grid_round(float a, Grid g, int32_t mode, float u) {
 
 // E2M1 code of an on-grid magnitude q in {0, .5, 1, 1.5, 2, 3, 4, 6}
 FP4Q_HD uint32_t e2m1_code(float q, bool negative) {
-  uint32_t twice = uint32_t(q * 2.0f);  // 0,1,2,3,4,6,8,12
+  uint32_t twice = uint32_t(mul_rn(q, 2.0f));  // 0,1,2,3,4,6,8,12
   uint32_t mag = twice <= 4 ? twice : (twice == 6 ? 5u : (twice == 8 ? 6u : 7u));
   return mag | (negative ? 8u : 0u);
 }
 
 FP4Q_HD float e2m1_value(uint32_t code) {
   const uint32_t mag = code & 7u;
-  float v = mag <= 4 ? float(mag) * 0.5f : (mag == 5 ? 3.0f : (mag == 6 ? 4.0f : 6.0f));
+  float v = mag <= 4 ? mul_rn(float(mag), 0.5f) : (mag == 5 ? 3.0f : (mag == 6 ? 4.0f : 6.0f));
   return (code & 8u) ? -v : v;
 }
 
@@ -203,21 +269,44 @@ FP4Q_HD uint32_t e2m1_nearest_mag(float a) {
          uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a > 5.0f);
 }
 
+// The same rounding in a handful of operations (the specialized CUDA quantize kernel's
+// encoder): for a in [0, 6] the grid spacing is 2**(E-1) with E = max(floor(log2 a), 0), so
+// the code is RNE(a * 2**(1-E)) + 2E: one exact scaling by a power of two (a * 2**(1-E) is
+// a's significand, or 2a below 1), one rounding to an integer and an offset.  The rounding
+// is the float addition of 2**23 + 2E (ulp 1 there; 2E is even, so a tie still goes to the
+// even code), fused with the exact scaling.  Returns the code plus kE2m1Bias (the bits of
+// 2**23), so that callers can fold the bias into their packing; a must not be NaN and must
+// lie in [0, 6] (callers clamp: min(|v|, 6)).  tests/ops/test_encoders.py checks it against
+// e2m1_nearest_mag for every float in [0, 6] and beyond.
+constexpr uint32_t kE2m1Bias = 0x4B000000u;  // bits of 2**23
+
+FP4Q_HD uint32_t e2m1_code_biased(float a) {
+  uint32_t ef = f2u(a) >> 23;            // biased exponent (a >= 0)
+  ef = ef > 127u ? ef : 127u;            // E = ef - 127 in {0, 1, 2}
+  const float scale = u2f((255u - ef) << 23);              // 2**(1-E)
+  const float magic = u2f(kE2m1Bias - 254u + 2u * ef);     // 2**23 + 2E
+  return f2u(fma_rn(a, scale, magic));   // a * scale is exact: one rounding, to an integer
+}
+
+// E2M1 magnitude code (0..7) of a >= 0, not NaN: e2m1_nearest_mag by the route above.
+FP4Q_HD uint32_t e2m1_code_rne(float a) { return e2m1_code_biased(a < 6.0f ? a : 6.0f) - kE2m1Bias; }
+
 // E4M3 ("fn") byte of an exactly representable value (|q| <= 448)
 FP4Q_HD uint32_t e4m3_byte(float q) {
   uint32_t sign = sign_bit(q) ? 0x80u : 0u;
   float a = abs_f(q);
   if (a == 0.0f) return sign;
   int e = exponent_bits(a);
-  if (e < -6) return sign | uint32_t(a * 512.0f);  // subnormal: multiples of 2**-9
-  uint32_t mant = uint32_t(a * pow2(3 - e)) - 8u;  // a / 2**(e-3) in [8, 16)
+  if (e < -6) return sign | uint32_t(mul_rn(a, 512.0f));  // subnormal: multiples of 2**-9
+  uint32_t mant = uint32_t(mul_rn(a, pow2(3 - e))) - 8u;  // a / 2**(e-3) in [8, 16)
   return sign | (uint32_t(e + 7) << 3) | mant;
 }
 
 FP4Q_HD float e4m3_value(uint32_t byte) {
   uint32_t exp = (byte >> 3) & 0xFu, mant = byte & 7u;
   if (exp == 0xF && mant == 7) return u2f(0x7FC00000u);  // NaN
-  float v = exp == 0 ? float(mant) * 0.001953125f : pow2(int(exp) - 7) * (1.0f + float(mant) * 0.125f);
+  float v = exp == 0 ? mul_rn(float(mant), 0.001953125f)
+                      : mul_rn(pow2(int(exp) - 7), add_rn(1.0f, mul_rn(float(mant), 0.125f)));
   return (byte & 0x80u) ? -v : v;
 }
 
@@ -245,7 +334,7 @@ FP4Q_HD uint16_t half_bits_exact(float q) {
   if (is_nan(a)) return uint16_t(sign | 0x7E00u);
   if (a == 0.0f) return sign;
   int e = exponent_bits(a);
-  if (e < -14) return uint16_t(sign | uint32_t(a * 16777216.0f));  // subnormal: multiples of 2**-24
+  if (e < -14) return uint16_t(sign | uint32_t(mul_rn(a, 16777216.0f)));  // subnormal: multiples of 2**-24
   uint32_t mant = (f2u(a) >> 13) & 0x3FFu;
   return uint16_t(sign | (uint32_t(e + 15) << 10) | mant);
 }
@@ -254,7 +343,7 @@ FP4Q_HD float half_value(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
   if (exp == 0x1F) return u2f(sign | 0x7F800000u | (mant << 13));
   if (exp == 0) {
-    float v = float(mant) * 5.9604644775390625e-08f;  // multiples of 2**-24
+    float v = mul_rn(float(mant), 5.9604644775390625e-08f);  // multiples of 2**-24
     return sign ? -v : v;
   }
   return u2f(sign | (uint32_t(exp + 112) << 23) | (mant << 13));
@@ -269,9 +358,9 @@ FP4Q_HD uint16_t float_to_half_rne(float f) {
   if (au == 0x7F800000u) return uint16_t(sign | 0x7C00u);
   if (au >= 0x477FF000u) return uint16_t(sign | 0x7C00u);  // rounds past 65504
   if (au < 0x38800000u) {                                   // below 2**-14: subnormal half
-    float a = u2f(au) * 16777216.0f;                        // exact: power-of-two scaling into ints
+    float a = mul_rn(u2f(au), 16777216.0f);                 // exact: power-of-two scaling into ints
     float r = floor_f(a);
-    float frac = a - r;
+    float frac = sub_rn(a, r);
     uint32_t m = uint32_t(r);
     if (frac > 0.5f || (frac == 0.5f && (m & 1u))) m += 1;
     return uint16_t(sign | m);
@@ -323,8 +412,27 @@ FP4Q_HD uint32_t encode_scale(float t, int32_t fmt, int32_t rule) {
 FP4Q_HD uint32_t encode_e8m0(float amax, float emax_elem_value, int emax_elem, int32_t rule) {
   if (is_nan(amax)) return 0xFFu;
   int k = exponent_bits(amax) - emax_elem;
-  if (rule == kScaleUp && amax > emax_elem_value * pow2(clampi(k, -126, 127))) k += 1;
+  if (rule == kScaleUp && amax > mul_rn(emax_elem_value, pow2(clampi(k, -126, 127)))) k += 1;
   return uint32_t(clampi(k, -127, 127) + 127);
+}
+
+// e4m3 micro-scale under scale_round="nearest" by integer arithmetic on the float's bits:
+// encode_scale(t, kScaleE4M3, kScaleNearest) and its decoded value for t >= 0, not NaN
+// (tests/ops/test_encoders.py checks every such float).  max(t, 2**-6) is normal, so
+// rounding its significand to 3 bits (ties to even) is an integer add that may carry into
+// the exponent; then the saturation at 448.  The byte is the rounded float's top bits less
+// the exponent bias difference (127 - 7) << 3.
+struct E4m3Scale {
+  uint32_t byte;
+  float value;
+};
+
+FP4Q_HD E4m3Scale e4m3_scale_nearest(float t) {
+  uint32_t u = f2u(t);
+  u = u > 0x3C800000u ? u : 0x3C800000u;                       // max(t, 2**-6)
+  uint32_t q = (u + 0x7FFFFu + ((u >> 20) & 1u)) & 0xFFF00000u;  // round to 3 significand bits
+  q = q < 0x43E00000u ? q : 0x43E00000u;                         // min(., 448)
+  return E4m3Scale{(q >> 20) - 960u, u2f(q)};
 }
 
 FP4Q_HD int element_emax_exponent(int32_t element) { return element == kE4M3 ? 8 : 2; }
@@ -354,7 +462,7 @@ FP4Q_HD uint32_t stream_key(uint64_t seed) {
 
 FP4Q_HD float uniform(uint32_t key, uint64_t counter) {
   uint32_t h = mix32(uint32_t(counter) ^ mix32(uint32_t(counter >> 32) ^ key));
-  return float(h >> 8) * 5.9604644775390625e-08f;  // 2**-24
+  return mul_rn(float(h >> 8), 5.9604644775390625e-08f);  // 2**-24
 }
 
 // ---- the micro-group step (docs/format.md steps 4-5) ----
@@ -373,8 +481,8 @@ FP4Q_HD MicroScale micro_scale(const Config& cfg, float amax, bool finite, float
   MicroScale out{0u, 0.0f};
   float m = 1.0f;
   if (cfg.micro_scale == kScaleE4M3 || cfg.micro_scale == kScaleFP16) {
-    float t = amax / emax;
-    if (coarse) t = (c == 0.0f) ? 0.0f : t / c;
+    float t = div_rn(amax, emax);
+    if (coarse) t = (c == 0.0f) ? 0.0f : div_rn(t, c);
     if (!finite) t = u2f(0x7FC00000u);
     out.stored = encode_scale(t, cfg.micro_scale, cfg.scale_round);
     m = decode_scale(out.stored, cfg.micro_scale);
@@ -384,11 +492,11 @@ FP4Q_HD MicroScale micro_scale(const Config& cfg, float amax, bool finite, float
     m = decode_scale(out.stored, kScaleE8M0);
   }
   if (coarse && cfg.micro_scale != kScaleNone) {
-    out.r = (c == 0.0f) ? 0.0f : (1.0f / c) / m;
+    out.r = (c == 0.0f) ? 0.0f : div_rn(rcp_rn(c), m);
   } else if (coarse) {
-    out.r = (c == 0.0f) ? 0.0f : 1.0f / c;
+    out.r = (c == 0.0f) ? 0.0f : rcp_rn(c);
   } else {
-    out.r = 1.0f / m;
+    out.r = rcp_rn(m);
   }
   return out;
 }
@@ -409,7 +517,7 @@ FP4Q_HD uint32_t quantize_value(const Config& cfg, float v, float u) {
 // (times 2**-E, docs/format.md "Decoding"), or without a coarse scale 2**-E (1: none).
 FP4Q_HD float decode_micro(const Config& cfg, uint32_t stored, float f) {
   if (cfg.micro_scale == kScaleNone) return f;
-  return decode_scale(stored, cfg.micro_scale) * f;
+  return mul_rn(decode_scale(stored, cfg.micro_scale), f);
 }
 
 // Whether decoding normalizes a block by 2**-E: with a coarse scale (E from it), and for

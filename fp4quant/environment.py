@@ -56,6 +56,11 @@ VARIABLES = (
     Variable("FP4QUANT_CLUSTER_CODEC_BPS", "cluster", "fp4quant/cluster/rank.py (dilation_from_env)",
              "set by `python -m fp4quant.cluster run` for its ranks only: the dilated target codec's bytes/s; each "
              "codec op is stretched (slept) to at least its target bytes over it; finite, >= 0; unset or 0: off"),
+    Variable("CUOBJDUMP", "build", "scripts/sass_report.py",
+             "the cuobjdump that reads the kernels' SASS (default: PATH, beside nvcc, pip's nvidia-cuda-cuobjdump)"),
+    Variable("XDG_CACHE_HOME", "tests", "scripts/sass_report.py",
+             "where the CUDA toolchain tests keep their CUDA-torch venv (default ~/.cache): the SASS report looks "
+             "there for a cuobjdump"),
     Variable("FP4QUANT_TEST_BACKEND", "tests", "tests/distributed.py -> the rank jobs",
              "set by the test launcher for its ranks: `gloo` or `nccl`"),
 )

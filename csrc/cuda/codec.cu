@@ -1,6 +1,8 @@
 // CUDA codec of fp4quant: the host entry points of launch.h, the generic kernel (every
 // config the CPU codec accepts) and the tensor-scale pre-passes.  The common case runs
-// the fast kernel of fast.cu.  Semantics: csrc/cpu/codec_generic.h, docs/format.md;
+// the fast kernel of fast.cu; quantize() runs quantize.cu's compile-time specialized kernels
+// where spec_supported() says one covers the config (the presets' e2m1 / e4m3 / 2048 configs
+// rounded to nearest), and fast.cu's or the generic kernel otherwise.  Semantics: csrc/cpu/codec_generic.h, docs/format.md;
 // the bytes and values are the same bit for bit.
 //
 // Generic kernel: 256 threads take a tile of max(segment, 2048, 256 * min(micro_group, 32))
@@ -47,7 +49,7 @@ FP4Q_DEV float fill_value(const Params& p, int64_t row, int64_t v, int E) {
   if (kMode == kModeReduceRequant && p.cfg.coarse == kCoarseTensor) return p.workspace[v];  // summed by the pre-pass
   // the reduce modes: decoded in the transformed domain against 2**-E, summed in row order
   float s = decode_value(p, p.msgs, v, E);
-  for (int64_t w = 1; w < p.world; ++w) s = s + decode_value(p, p.msgs + w * p.lay.nbytes, v, E);
+  for (int64_t w = 1; w < p.world; ++w) s = add_rn(s, decode_value(p, p.msgs + w * p.lay.nbytes, v, E));
   return s;
 }
 
@@ -104,8 +106,8 @@ FP4Q_DEV void tile_butterflies(float* buf, int tile, int log2_seg) {
     for (int q = threadIdx.x; q < tile / 2; q += blockDim.x) {
       const int i = ((q & ~(h - 1)) << 1) | (q & (h - 1));  // bit h of i clear
       const float a = buf[gpad(i)], b = buf[gpad(i + h)];
-      buf[gpad(i)] = a + b;
-      buf[gpad(i + h)] = a - b;
+      buf[gpad(i)] = add_rn(a, b);
+      buf[gpad(i + h)] = sub_rn(a, b);
     }
     __syncthreads();
   }
@@ -148,10 +150,10 @@ __global__ void __launch_bounds__(kThreads) generic_kernel(const Params p) {
         if (v >= lay.n) break;
         float x = buf[gpad(i)];
         if (cfg.fwht) {
-          x = x * p.inv_sqrt;
-          if (p.signs) x = x * p.signs[i & ((1 << lb) - 1)];
+          x = mul_rn(x, p.inv_sqrt);
+          if (p.signs) x = mul_rn(x, p.signs[i & ((1 << lb) - 1)]);
         }
-        if (normalized) x = x * pow2(int32_t(seg_E[i >> lb]));
+        if (normalized) x = mul_rn(x, pow2(int32_t(seg_E[i >> lb])));
         store_value(out_row, p.out_dtype, v, x, saturate);
       }
     } else if (kMode == kModeReduceToWorkspace) {
@@ -186,19 +188,19 @@ __global__ void __launch_bounds__(kThreads) generic_kernel(const Params p) {
       if ((cfg.coarse != kCoarseNone && !prepared) || no_coarse_fwht) {
         for (int i = tid; i < tile; i += T) {
           const int e = cfg.coarse == kCoarseTensor ? ts.e : normalizing_exponent(u2f(seg_raw[i >> lb]));
-          buf[gpad(i)] = buf[gpad(i)] * pow2(-e);
+          buf[gpad(i)] = mul_rn(buf[gpad(i)], pow2(-e));
         }
         __syncthreads();
       }
       // 2. FWHT (segments are groups); without a coarse scale, times 2**e again (saturating)
       if (fwht_now) {
         if (p.signs) {
-          for (int i = tid; i < tile; i += T) buf[gpad(i)] = buf[gpad(i)] * p.signs[i & ((1 << lb) - 1)];
+          for (int i = tid; i < tile; i += T) buf[gpad(i)] = mul_rn(buf[gpad(i)], p.signs[i & ((1 << lb) - 1)]);
           __syncthreads();
         }
         tile_butterflies(buf, tile, lb);
         for (int i = tid; i < tile; i += T) {
-          float y = buf[gpad(i)] * p.inv_sqrt;
+          float y = mul_rn(buf[gpad(i)], p.inv_sqrt);
           if (no_coarse_fwht) y = mul_saturating(y, pow2(normalizing_exponent(u2f(seg_raw[i >> lb]))));
           buf[gpad(i)] = y;
         }
@@ -222,14 +224,14 @@ __global__ void __launch_bounds__(kThreads) generic_kernel(const Params p) {
           segment_maxima(buf, tile, lb, seg_y);
           for (int k = tid; k < nseg; k += T) {
             if (start + (int64_t(k) << lb) >= lay.padded) break;
-            const float c = u2f(seg_y[k]) / D;
+            const float c = div_rn(u2f(seg_y[k]), D);
             const int e = normalizing_exponent(u2f(seg_raw[k]));
             const float sum_scale = normalized ? pow2(int32_t(seg_E[k])) : 1.0f;  // a sum: 2**E
-            store_u32(msg + 4 * ((start >> lb) + k), f2u((c * pow2(e)) * sum_scale));
+            store_u32(msg + 4 * ((start >> lb) + k), f2u(mul_rn(mul_rn(c, pow2(e)), sum_scale)));
           }
         }
         if (tensor && start == 0 && tid == 0)
-          store_u32(msg, f2u((ts.c * pow2(ts.e)) * (normalized ? pow2(int32_t(seg_E[0])) : 1.0f)));
+          store_u32(msg, f2u(mul_rn(mul_rn(ts.c, pow2(ts.e)), normalized ? pow2(int32_t(seg_E[0])) : 1.0f)));
         // 4-7. one micro-group per thread: scale, then codes
         const int lm = p.log2_micro, M = 1 << lm;
         const uint64_t ctr = kMode == kModeReduceRequant ? p.offset : p.offset + uint64_t(row * lay.padded);
@@ -240,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) generic_kernel(const Params p) {
           const int i0 = g << lm;
           const int64_t v0 = start + i0;
           if (v0 >= lay.padded) break;
-          const float c = coarse_group ? u2f(seg_y[i0 >> lb]) / D : ts.c;
+          const float c = coarse_group ? div_rn(u2f(seg_y[i0 >> lb]), D) : ts.c;
           float amax = 0.0f;
           bool finite = true;
           for (int q = 0; q < M; ++q) {
@@ -258,7 +260,7 @@ __global__ void __launch_bounds__(kThreads) generic_kernel(const Params p) {
           uint32_t low = 0;
           for (int q = 0; q < M; ++q) {
             const float u = stochastic ? uniform(p.key, ctr + uint64_t(v0 + q)) : 0.0f;
-            const uint32_t code = finite ? quantize_value(cfg, buf[gpad(i0 + q)] * ms.r, u) : bad;
+            const uint32_t code = finite ? quantize_value(cfg, mul_rn(buf[gpad(i0 + q)], ms.r), u) : bad;
             if (!four_bit) {
               msg[lay.codes_off + v0 + q] = uint8_t(code);
             } else if (q & 1) {
@@ -420,6 +422,7 @@ int quantize(const QuantizeArgs& a, cudaStream_t stream) {
       p.prepared = true;
     }
   }
+  if (spec_supported(p)) return launch_spec(p, stream);
   return launch_best<kModeQuantize>(p, stream);
 }
 

@@ -1,5 +1,8 @@
 // Pieces shared by the CUDA kernels of fp4quant (codec.cu: entry points, generic and
-// pre-pass kernels; fast.cu: the common-case kernel).  Plain CUDA, no torch headers.
+// pre-pass kernels; fast.cu: the common-case kernel; quantize.cu: the quantize kernels
+// specialized at compile time for the presets).  Plain CUDA, no torch headers.  Float
+// arithmetic goes through fp4quant.h's mul_rn / add_rn / ... (never contracted, whatever
+// --fmad says).
 //
 // Both kernels work on tiles: a tile is `tile_values` consecutive padded values of one
 // row (message), a whole number of segments (lay.block values: docs/format.md's block),
@@ -70,6 +73,10 @@ struct Params {
 // fast.cu: whether the common-case kernel handles (mode, config), and its launch.
 bool fast_supported(const Params& p, int mode);
 int launch_fast(const Params& p, int mode, cudaStream_t stream);
+
+// quantize.cu: whether a compile-time specialized quantize kernel covers the config, and its launch.
+bool spec_supported(const Params& p);
+int launch_spec(const Params& p, cudaStream_t stream);
 
 // ---- device helpers ----
 
@@ -170,7 +177,7 @@ FP4Q_DEV float decode_value(const Params& p, const uint8_t* msg, int64_t v, int 
   const Config& cfg = p.cfg;
   const Layout& lay = p.lay;
   float f = coarse_of(p, msg, v);
-  if (decode_normalizes(cfg)) f = f * pow2(-E);
+  if (decode_normalizes(cfg)) f = mul_rn(f, pow2(-E));
   const float s = decode_micro(cfg, micro_stored(lay, msg, v >> p.log2_micro), f);
   uint32_t code;
   if (element_bits(cfg.element) == 4) {
@@ -178,7 +185,7 @@ FP4Q_DEV float decode_value(const Params& p, const uint8_t* msg, int64_t v, int 
   } else {
     code = msg[lay.codes_off + v];
   }
-  return element_value(cfg.element, code) * s;
+  return mul_rn(element_value(cfg.element, code), s);
 }
 
 // The tensor-scale normalization exponent and coarse scale of a row from its maxima
@@ -192,7 +199,7 @@ FP4Q_DEV TensorScale tensor_scale(const Config& cfg, const uint32_t* words, bool
   const float amax = u2f(words[0]);
   TensorScale t;
   t.e = normalizing_exponent(amax);
-  t.c = transformed ? u2f(words[1]) / coarse_divisor(cfg) : (amax * pow2(-t.e)) / coarse_divisor(cfg);
+  t.c = transformed ? div_rn(u2f(words[1]), coarse_divisor(cfg)) : div_rn(mul_rn(amax, pow2(-t.e)), coarse_divisor(cfg));
   return t;
 }
 

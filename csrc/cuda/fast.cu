@@ -14,7 +14,9 @@
 //  - codes: 8 nibbles per thread = one 32-bit word.  Warp packing: 4 lanes' words are
 //    gathered by shuffles into one 16-byte store on a 16-byte boundary (the words that
 //    fall outside whole 16-byte lines are stored as words); naive packing: each thread
-//    stores its 4 bytes one by one.  Both give the same bytes.
+//    stores its own word (one 32-bit store: a warp writes the same 128 contiguous bytes),
+//    so the two differ only by the lanes' cooperation.  Both give the same bytes.  (The
+//    quantize presets run quantize.cu's specialized kernels instead.)
 #include "common.cuh"
 
 namespace fp4q {
@@ -38,8 +40,8 @@ FP4Q_DEV void stage(float (&y)[8]) {
 #pragma unroll
     for (int j = 0; j < H; ++j) {
       const float a = y[k0 + j], b = y[k0 + j + H];
-      y[k0 + j] = a + b;
-      y[k0 + j + H] = a - b;
+      y[k0 + j] = add_rn(a, b);
+      y[k0 + j + H] = sub_rn(a, b);
     }
   }
 }
@@ -64,7 +66,7 @@ FP4Q_DEV void butterflies(const Params& p, float (&y)[8], float* buf) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const float o = __shfl_xor_sync(kFullMask, y[k], 1);
-    y[k] = (t & 1) ? o - y[k] : y[k] + o;
+    y[k] = (t & 1) ? sub_rn(o, y[k]) : add_rn(y[k], o);
   }
   if (p.log2_group <= 4) return;
   store8(buf + pad_index(8 * t), y);
@@ -165,11 +167,11 @@ FP4Q_DEV void store_chunk(void* row_base, int32_t dtype, int64_t n, int64_t v0, 
 // normalization without one: fp4quant.h, decode_normalizes).
 FP4Q_DEV void decode_chunk(const Params& p, const uint8_t* msg, int64_t v0, int E, float (&y)[8]) {
   float f = coarse_of(p, msg, v0);
-  if (p.cfg.coarse != kCoarseNone) f = f * pow2(-E);
+  if (p.cfg.coarse != kCoarseNone) f = mul_rn(f, pow2(-E));
   const float s = decode_micro(p.cfg, msg[p.lay.micro_off + (v0 >> 4)], f);
   const uint32_t w = load_u32(msg + p.lay.codes_off + (v0 >> 1));
 #pragma unroll
-  for (int k = 0; k < 8; ++k) y[k] = e2m1_value((w >> (4 * k)) & 0xFu) * s;
+  for (int k = 0; k < 8; ++k) y[k] = mul_rn(e2m1_value((w >> (4 * k)) & 0xFu), s);
 }
 
 // The block exponent of the thread's values: the largest of the messages' (0 without a coarse scale).
@@ -187,7 +189,7 @@ FP4Q_DEV void sum_chunk(const Params& p, int64_t v0, bool valid, int E, float (&
     float z[8];
     decode_chunk(p, p.msgs + w * p.lay.nbytes, v0, E, z);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) y[k] = y[k] + z[k];
+    for (int k = 0; k < 8; ++k) y[k] = add_rn(y[k], z[k]);
   }
 }
 
@@ -214,7 +216,10 @@ FP4Q_DEV void store_codes(uint8_t* dst, uint32_t word, int64_t v0, int64_t padde
     }
     // a row that starts at an odd address: byte stores, as below
   }
-  if (valid) {
+  if (!valid) return;
+  if ((reinterpret_cast<uintptr_t>(dst) & 3u) == 0) {
+    *reinterpret_cast<uint32_t*>(dst) = word;  // naive packing: the thread's own word, one store
+  } else {
 #pragma unroll
     for (int b = 0; b < 4; ++b) dst[b] = uint8_t(word >> (8 * b));
   }
@@ -238,7 +243,7 @@ FP4Q_DEV void encode_chunk(const Params& p, float (&y)[8], int64_t row, int64_t 
   if (cfg.coarse != kCoarseNone || kFwht) {
     const float f = pow2(-e);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) y[k] = y[k] * f;
+    for (int k = 0; k < 8; ++k) y[k] = mul_rn(y[k], f);
   }
   // 2. FWHT (tiles start at multiples of G, so 8t + k is the position in the group);
   // without a coarse scale, times 2**e again (saturating)
@@ -246,25 +251,25 @@ FP4Q_DEV void encode_chunk(const Params& p, float (&y)[8], int64_t row, int64_t 
     const int gmask = (1 << p.log2_group) - 1;
     if (p.signs) {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) y[k] = y[k] * p.signs[(8 * t + k) & gmask];
+      for (int k = 0; k < 8; ++k) y[k] = mul_rn(y[k], p.signs[(8 * t + k) & gmask]);
     }
     butterflies(p, y, buf);
     const float back = pow2(e);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      y[k] = y[k] * p.inv_sqrt;
+      y[k] = mul_rn(y[k], p.inv_sqrt);
       if (cfg.coarse == kCoarseNone) y[k] = mul_saturating(y[k], back);
     }
   }
   // 3. coarse scale (stored as c * 2**e)
   float c = 0.0f;
   if (cfg.coarse == kCoarseGroup) {
-    c = u2f(segment_max(chunk_finite_max(y), tps, red)) / coarse_divisor(cfg);
-    if (valid && (t & (tps - 1)) == 0) store_u32(msg + 4 * (v0 >> p.log2_block), f2u((c * pow2(e)) * sum_scale));
+    c = div_rn(u2f(segment_max(chunk_finite_max(y), tps, red)), coarse_divisor(cfg));
+    if (valid && (t & (tps - 1)) == 0) store_u32(msg + 4 * (v0 >> p.log2_block), f2u(mul_rn(mul_rn(c, pow2(e)), sum_scale)));
   } else if (cfg.coarse == kCoarseTensor) {
     const TensorScale ts = tensor_scale(cfg, p.words + 2 * row, false);
     c = ts.c;
-    if (v0 == 0) store_u32(msg, f2u(c * pow2(ts.e)));
+    if (v0 == 0) store_u32(msg, f2u(mul_rn(c, pow2(ts.e))));
   }
   // 4-5. the micro-group's scale, from this lane's and its neighbour's halves
   float amax = 0.0f;
@@ -286,7 +291,7 @@ FP4Q_DEV void encode_chunk(const Params& p, float (&y)[8], int64_t row, int64_t 
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const float u = stochastic ? uniform(p.key, ctr + uint64_t(v0 + k)) : 0.0f;
-    const uint32_t code = finite ? quantize_value(cfg, y[k] * ms.r, u) : 0u;
+    const uint32_t code = finite ? quantize_value(cfg, mul_rn(y[k], ms.r), u) : 0u;
     word |= code << (4 * k);
   }
   store_codes(msg + p.lay.codes_off + (v0 >> 1), word, v0, p.lay.padded, cfg.packing == kPackWarp);
@@ -329,15 +334,15 @@ __global__ void __launch_bounds__(1024, 1) fast_kernel(const Params p) {
         const int gmask = (1 << p.log2_group) - 1;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-          float v = y[k] * p.inv_sqrt;
-          if (p.signs) v = v * p.signs[(8 * t + k) & gmask];
+          float v = mul_rn(y[k], p.inv_sqrt);
+          if (p.signs) v = mul_rn(v, p.signs[(8 * t + k) & gmask]);
           y[k] = v;
         }
       }
       if (p.cfg.coarse != kCoarseNone) {
         const float scale_back = pow2(E);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) y[k] = y[k] * scale_back;
+        for (int k = 0; k < 8; ++k) y[k] = mul_rn(y[k], scale_back);
       }
       void* out_row = static_cast<char*>(p.out) + row * p.lay.n * value_bytes(p.out_dtype);
       store_chunk(out_row, p.out_dtype, p.lay.n, v0, y, output_saturates(p, kMode));

@@ -1,8 +1,12 @@
 """The CUDA kernels (csrc/cuda): they compile, and they give the reference's bytes and values.
 
 Three layers, so that most of it runs without a GPU:
-- every .cu file compiles for sm_90 with nvcc, standalone (skipped without nvcc); the fast
-  kernel keeps its values in registers (no local-memory spills);
+- every .cu file compiles for sm_90 with nvcc, standalone (skipped without nvcc); the fast and
+  specialized kernels keep their values in registers (no local-memory spills); the bits do not
+  depend on --fmad: the device code's float arithmetic is all explicitly rounded (nothing nvcc
+  may contract), so the default build's PTX is the --fmad=false build's and their SASS does the
+  same floating-point operations (with cuobjdump); the specialized quantize kernels' hot loops
+  stay within 40 instructions per value (scripts/sass_report.py, with cuobjdump);
 - the kernels run on a CPU emulation of the CUDA execution model (tests/ops/cuda_emu) and
   match the CPU codec byte for byte over presets, dtypes, sizes and random configs
   (skipped without g++);
@@ -12,6 +16,7 @@ Three layers, so that most of it runs without a GPU:
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import os
 import re
@@ -71,7 +76,8 @@ def test_every_cu_file_compiles_for_sm90(source, tmp_path):
     report = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
     kernels = PTXAS_KERNEL.findall(report)
     assert kernels, f"no ptxas report for {source.name}:\n{report}"
-    spilling = [name for name, stack, spills in kernels if "fast_kernel" in name and (int(stack) or int(spills))]
+    hot = ("fast_kernel", "spec_quantize_kernel")
+    spilling = [name for name, stack, spills in kernels if any(h in name for h in hot) and (int(stack) or int(spills))]
     assert not spilling, f"fast kernels use local memory (register arrays indexed at run time?): {spilling}"
 
 
@@ -80,6 +86,106 @@ def test_every_cu_file_compiles_for_sm90(source, tmp_path):
 def test_every_cu_file_compiles_for_sm80(source, tmp_path):
     proc = nvcc(source, tmp_path / "out.o", "80")
     assert proc.returncode == 0, f"nvcc failed on {source.name} for sm_80:\n{proc.stderr}"
+
+
+# ---- bit-exact whatever the flags (no GPU needed) ------------------------------------------
+
+# PTX float arithmetic that ptxas may fuse into an FFMA: add/sub/mul/mad/fma without an explicit
+# rounding modifier (add.rn.f32 and the like are never contracted; PTX ISA, "Floating point
+# instructions")
+CONTRACTIBLE = re.compile(
+    r"^\s*(?:@!?%p\d+\s+)?((?:add|sub|mul|mad|fma)(?:\.ftz)?(?:\.sat)?\.f(?:16|16x2|32|64))\s", re.M)
+
+
+def ptx(source: Path, out: Path, *flags: str) -> str:
+    if NVCC is None:
+        pytest.skip("nvcc not found: the CUDA sources cannot be compiled here")
+    cmd = [NVCC, "-std=c++17", "-O3", f"-I{ROOT / 'csrc'}", "-arch=sm_90", *flags, "-ptx", str(source), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", CUDA_SOURCES, ids=lambda p: p.name)
+def test_cuda_float_arithmetic_is_the_same_with_and_without_fmad(source, tmp_path):
+    """nvcc's default build (--fmad=true) may fuse a multiply and an add into one FFMA, which rounds
+    once where the reference rounds twice.  The kernels write every float operation as an
+    explicitly rounded intrinsic (fp4quant.h: mul_rn, add_rn, ...; fma_rn only where one rounding
+    is the contract), so the default build's PTX holds nothing ptxas may contract and is the
+    --fmad=false build's, instruction for instruction."""
+    default = ptx(source, tmp_path / "default.ptx")
+    contractible = sorted(set(CONTRACTIBLE.findall(default)))
+    assert not contractible, f"{source.name}: float arithmetic without a rounding modifier: {contractible}"
+    assert default == ptx(source, tmp_path / "nofmad.ptx", "--fmad=false"), f"{source.name}: --fmad changes the PTX"
+
+
+def load_sass_report():
+    spec = importlib.util.spec_from_file_location("fp4quant_sass_report", ROOT / "scripts" / "sass_report.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (its dataclasses look it up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cuobjdump_or_skip(report) -> str:
+    if NVCC is None:
+        pytest.skip("nvcc not found")
+    try:
+        return report.find_cuobjdump(NVCC)
+    except SystemExit:
+        pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, or a CUDA toolkit's)")
+
+
+def float_opcodes(kernel) -> collections.Counter:
+    """How many of each floating-point arithmetic SASS instruction (FFMA, FADD, FMUL, FMNMX, MUFU, ...)."""
+    ops = collections.Counter()
+    for _, text in kernel.instructions:
+        op = re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+        if op in ("FFMA", "FADD", "FMUL", "FMNMX", "FSETP", "FSEL", "FCHK", "MUFU", "HFMA2", "HADD2", "HMUL2", "F2F"):
+            ops[op] += 1
+    return ops
+
+
+@pytest.mark.slow
+def test_cuda_sass_of_the_default_build_does_the_fmad_false_builds_arithmetic(tmp_path, monkeypatch):
+    """From the SASS (cuobjdump -sass of nvcc -cubin -arch=sm_90): every kernel of the default
+    build issues the same floating-point instructions, FFMA included, as the --fmad=false build
+    (ptxas may schedule them differently: the comparison is per kernel and opcode)."""
+    report = load_sass_report()
+    cuobjdump = cuobjdump_or_skip(report)
+    default_flags = [f for f in report.NVCC_FLAGS if f != "--fmad=false"]
+    monkeypatch.setattr(report, "NVCC_FLAGS", default_flags)
+    default = report.build(NVCC, cuobjdump, ROOT / "csrc", tmp_path / "default")
+    monkeypatch.setattr(report, "NVCC_FLAGS", default_flags + ["--fmad=false"])
+    nofmad = report.build(NVCC, cuobjdump, ROOT / "csrc", tmp_path / "nofmad")
+    assert sorted(default) == sorted(nofmad)
+    differ = {name: (float_opcodes(default[name]), float_opcodes(nofmad[name])) for name in default
+              if float_opcodes(default[name]) != float_opcodes(nofmad[name])}
+    assert not differ, f"--fmad changes the float instructions of: {differ}"
+    assert any(float_opcodes(k)["FFMA"] for k in default.values())  # the comparison sees FFMAs (fma_rn, divisions)
+
+
+@pytest.mark.slow
+def test_cuda_specialized_quantize_hot_loops_within_40_instructions_per_value(tmp_path):
+    """scripts/sass_report.py's measure (static instructions of the persistent loop / values a
+    thread takes per iteration) of the kernel each preset and dtype runs."""
+    report = load_sass_report()
+    cuobjdump = cuobjdump_or_skip(report)
+    kernels = report.build(NVCC, cuobjdump, ROOT / "csrc", tmp_path, sources=["quantize.cu"])
+    rows = report.spec_rows(kernels)
+    assert {(preset, dtype) for preset, dtype, _, _ in rows} == {
+        (preset, dtype) for preset in report.SPEC_PRESETS for dtype in report.DTYPES.values()}
+    per_value = {(preset, dtype): report.hot_loop(k).count / values for preset, dtype, k, values in rows}
+    over = {key: round(v, 2) for key, v in per_value.items() if v > 40}
+    assert not over, f"hot loops over 40 instructions per value: {over}"
+    assert all(not report.hot_loop(k).inner for preset, _, k, _ in rows if preset != "no_fwht")  # unrolled throughout
+
+
+def test_cuda_emulator_and_extension_build_without_fp_contraction():
+    """The host compilers must not contract either: the emulator compiles the kernels as C++, the
+    extension the CPU kernels, both from the same fp4quant.h (its host side: plain operators)."""
+    assert '"-ffp-contract=off"' in (Path(__file__).parent / "cuda_emu" / "build.py").read_text()
+    assert '"-ffp-contract=off"' in (ROOT / "setup.py").read_text()
 
 
 # ---- the kernels on the CPU emulator (no GPU needed) ---------------------------------------

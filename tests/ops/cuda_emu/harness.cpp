@@ -124,6 +124,9 @@ struct Run {
   bool with_signs;
   uint64_t seed, offset;
   bool transform = true;
+  // the CUDA quantize reads rows of stride n + x_pad starting x_shift values into a buffer and
+  // writes messages starting out_shift bytes into one (the CPU codec: contiguous, aligned)
+  int x_shift = 0, x_pad = 0, out_shift = 0;
 };
 
 void check(const Run& run, std::mt19937_64& rng) {
@@ -150,6 +153,15 @@ void check(const Run& run, std::mt19937_64& rng) {
   std::vector<float> ws_cpu(size_t(rows * lay.padded)), ws_gpu(size_t(rows * lay.padded), -7.0f);
   std::vector<uint32_t> words(size_t(2 * rows), 0u);
   std::vector<uint8_t> q_cpu(size_t(rows * lay.nbytes), 0x00), q_gpu(size_t(rows * lay.nbytes), 0xA5);
+  // the input as the CUDA kernels see it: shifted, with padded rows
+  const size_t vb = run.dtype == kF32 ? 4 : 2;
+  const int64_t gstride = run.n + run.x_pad;
+  std::vector<uint8_t> xg(size_t(rows * gstride + run.x_shift) * vb + 16, 0x7F);
+  uint8_t* xg_base = xg.data() + (16 - reinterpret_cast<uintptr_t>(xg.data()) % 16) % 16 + size_t(run.x_shift) * vb;
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(xg_base + size_t(r * gstride) * vb, x.data() + size_t(r * run.n) * vb, size_t(run.n) * vb);
+  std::vector<uint8_t> q_out(size_t(rows * lay.nbytes) + 32);
+  uint8_t* q_out_base = q_out.data() + (16 - reinterpret_cast<uintptr_t>(q_out.data()) % 16) % 16 + run.out_shift;
 
   qa.out = q_cpu.data();
   qa.workspace = tensor && cfg.fwht ? ws_cpu.data() : nullptr;
@@ -158,9 +170,11 @@ void check(const Run& run, std::mt19937_64& rng) {
   for (int pack = 0; pack < 2; ++pack) {
     QuantizeArgs g = qa;
     g.cfg.packing = pack;
-    std::fill(q_gpu.begin(), q_gpu.end(), uint8_t(0xA5 + pack));
+    std::fill(q_out.begin(), q_out.end(), uint8_t(0xA5 + pack));
     std::fill(words.begin(), words.end(), 0u);
-    g.out = q_gpu.data();
+    g.out = q_out_base;
+    g.x = xg_base;
+    g.x_row_stride = gstride;
     g.workspace = tensor && cfg.fwht ? ws_gpu.data() : nullptr;
     g.reduce_scratch = tensor ? words.data() : nullptr;
     ++checks;
@@ -168,8 +182,13 @@ void check(const Run& run, std::mt19937_64& rng) {
       fail("quantize error", cfg, run.n, rows, run.dtype, cuda::error_string(err));
       return;
     }
+    std::copy(q_out_base, q_out_base + q_gpu.size(), q_gpu.begin());
     std::string d;
     if (!same_bytes(q_cpu, q_gpu, &d)) fail(pack ? "quantize(naive)" : "quantize(warp)", cfg, run.n, rows, run.dtype, d);
+    const bool before = std::all_of(q_out.data(), q_out_base, [&](uint8_t b) { return b == uint8_t(0xA5 + pack); });
+    const bool after = std::all_of(q_out_base + q_gpu.size(), q_out.data() + q_out.size(),
+                                   [&](uint8_t b) { return b == uint8_t(0xA5 + pack); });
+    if (!before || !after) fail("quantize wrote outside its messages", cfg, run.n, rows, run.dtype, "");
   }
   if (!run.transform) return;
 
@@ -337,6 +356,34 @@ int main(int argc, char** argv) {
     }
   // quantize without the transform (the binding's dequantize_reduce path does this itself)
   check(Run{base, 5001, 2, kF32, true, 1, 0, false}, rng);
+  // the compile-time specialized quantize kernels (csrc/cuda/quantize.cu): each instance (the
+  // four presets they cover x dtype x packing, and their safe instance) at sizes whose codes
+  // start at every alignment (4, 8, 12, 0 mod 16: 1, 2, 3, 4 groups), with partial last
+  // tiles, unaligned and strided rows of x, unaligned messages, several rows and tiles per
+  // block (the emulated grid is 2 blocks)
+  for (const char* name : {"fp4quant", "no_fwht", "single_scale", "naive_pack"})
+    for (int dt : dtypes) {
+      const Config c = preset(name);
+      for (int64_t n : {int64_t(2048), int64_t(4096), int64_t(6000), int64_t(8192)}) {
+        if (smoke && n == 6000) continue;
+        check(Run{c, n, 3, dt, true, 7, 0}, rng);
+      }
+      if (smoke && dt != kBF16) continue;
+      Run shifted{c, 4096, 2, dt, (dt & 1) == 0, 9, 0};
+      shifted.x_shift = 1;  // rows off 16-byte boundaries: the safe instance throughout
+      check(shifted, rng);
+      Run padded{c, 4096, 3, dt, true, 9, 0};
+      padded.x_pad = 8 * (dt == kF32 ? 1 : 2);  // 32-byte row padding keeps 16-byte alignment
+      padded.out_shift = 8;                     // messages at 8 mod 16
+      check(padded, rng);
+      for (int shift : {1, 2, 4, 12}) {
+        Run out{c, 2048 + 5, 2, dt, false, 9, 0};
+        out.out_shift = shift;
+        check(out, rng);
+      }
+      Run tf{c, 6000, 2, dt, true, 9, 0, false};  // already transformed: the no-FWHT instance
+      check(tf, rng);
+    }
   // random configs the binding accepts
   const int randoms = full ? 400 : (smoke ? 25 : 60);
   for (int i = 0; i < randoms; ++i) {

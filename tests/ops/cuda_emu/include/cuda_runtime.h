@@ -58,6 +58,10 @@ enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 struct alignas(16) uint4 {
   uint32_t x, y, z, w;
 };
+struct alignas(8) uint2 {
+  uint32_t x, y;
+};
+inline uint2 make_uint2(uint32_t x, uint32_t y) { return uint2{x, y}; }
 struct alignas(16) float4 {
   float x, y, z, w;
 };
