@@ -23,7 +23,7 @@ collective), step, wire_steps,
 seconds (the least over the ranks, as the trainer counts a step's communication),
 seconds_per_wire_step.  ``summarize`` gives per (rate, comm, kind) the median of the steps'
 seconds a wire step and its min-max over all steps and over the alternations' medians, and
-with --run the trainer's own steady steps (fp4quant.perfmodel.validate's communication, over
+with --run the trainer's own steady steps (fp4quant.perfmodel.model_validation's communication, over
 its wire steps) beside them.
 """
 
@@ -42,10 +42,10 @@ from fp4quant.cluster.calibrate import CollectiveGaps, rank_step_seconds
 from fp4quant.comm.plan import shard_values
 from fp4quant.format import QuantConfig
 from fp4quant.format.packed import layout
-from fp4quant.models.config import ModelConfig
+from fp4quant.models.model_config import ModelConfig
 from fp4quant.parallel import CommConfig
 from fp4quant.perfmodel.probe import LATENCY_MESSAGE_BYTES, collective_gaps, link_timings, workload_link_sizes
-from fp4quant.perfmodel.validate import measured_components, read_log, steady
+from fp4quant.perfmodel.model_validation import measured_components, read_log, steady
 from fp4quant.provenance import atomic_write_csv, atomic_write_json, provenance
 from fp4quant.threads import pin_threads
 

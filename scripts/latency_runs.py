@@ -1,6 +1,6 @@
 """Summary of scripts/latency_runs.sh's runs: per run, its communication a step (the least
 over the ranks of the step's seconds in the TP collectives, both directions; fp4quant.train's
-``{fwd,bwd}_comm_least_s``) over its steady steps, as fp4quant.perfmodel.validate measures it.
+``{fwd,bwd}_comm_least_s``) over its steady steps, as fp4quant.perfmodel.model_validation measures it.
 
     python scripts/latency_runs.py OUT_DIR --out OUT_DIR/summary.csv
 """
@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from fp4quant.perfmodel import validate
+from fp4quant.perfmodel import model_validation
 from fp4quant.provenance import atomic_write_csv
 
 
@@ -27,8 +27,9 @@ def main(argv=None) -> int:
     for log in sorted(a.root.glob("a*/rate*/*/b*/log.jsonl")):
         run = log.parent
         alternation, rate, comm, batch = run.parts[-4][1:], run.parts[-3][4:], run.parts[-2], run.name[1:]
-        comm_s = validate.measured_components(validate.steady(validate.read_log(run), a.skip))["communication"]
-        w = validate.run_workload(json.loads((run / "summary.json").read_text()))
+        kept = model_validation.steady(model_validation.read_log(run), a.skip)
+        comm_s = model_validation.measured_components(kept)["communication"]
+        w = model_validation.run_workload(json.loads((run / "summary.json").read_text()))
         wire_steps = 2 * w.messages_per_direction * 2 * (w.tp - 1)  # both directions, a ring's or two-shot's 2 (W - 1)
         rows.append({"alternation": int(alternation), "rate_mbit": float(rate), "comm": comm, "batch_size": int(batch),
                      "steps": len(comm_s), "comm_ms": 1e3 * statistics.fmean(comm_s),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The trainer's communication at two batch sizes on one emulated link, alternated: what the
-# step model's latency runs rest on (fp4quant.perfmodel.validate's LatencyRun: the trainer
+# step model's latency runs rest on (fp4quant.perfmodel.model_validation's LatencyRun: the trainer
 # with fewer tokens a step than the runs it helps predict).  Per alternation, rate, comm and
 # batch size, a 30-step run under `python -m fp4quant.cluster run`; then their summary.
 #   scripts/latency_runs.sh OUT_DIR "120 60" ["1 2"] [ALTERNATIONS]

@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"comm", "ops", "reference", "format", "parallel", ROOT} | BASE,
     # comm, ops, parallel: perfmodel.probe times the codec, the link and a rank's shard on the ranks a validation run uses
     "perfmodel": {"cluster", "models", "format", "comm", "ops", "parallel"} | BASE,
-    # the study's summary: run names (train.config), bits per value (format), parameter counts
+    # the study's summary: run names (train.train_config), bits per value (format), parameter counts
     # (models) and the projected speedup (perfmodel) of each configuration it compares
     "analysis": {"train", "perfmodel", "models", "format"} | BASE,
     "info": {"ops", ROOT} | BASE,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..provenance import atomic_write_csv, atomic_write_text
-from . import claims, collect, figures, regime, study, tables, tradeoff
+from . import claims, collect, figures, study, tables, throughput, tradeoff
 from .comparable import Incomparable, check_complete, check_runs
 from .figures import FIGURES, STUDY_FIGURES
 from .freeze import freeze
@@ -73,7 +73,7 @@ def cmd_collect(a) -> None:
 
 def cmd_throughput(a) -> None:
     check_run_set(a.runs)
-    _write(regime.throughput(a.runs, a.profile, a.warmup), Path(a.out))
+    _write(throughput.throughput(a.runs, a.profile, a.warmup), Path(a.out))
     if a.breakdown_out:  # the same steps split by the trainer's timers
         _write(collect.breakdown(a.runs, a.profile, a.warmup), Path(a.breakdown_out))
 
@@ -156,7 +156,7 @@ def cmd_table(a) -> None:
     elif a.name == "model_validation":
         tables.model_validation(pd.read_csv(r / "model_validation.csv"), a.out, a.profile)
     elif a.name == "regime":
-        regime.table(pd.read_csv(r / "regime.csv"), a.out, a.profile)
+        throughput.table(pd.read_csv(r / "regime.csv"), a.out, a.profile)
     else:
         tables.end_to_end(pd.read_csv(r / "training.csv"), a.out, a.profile, pd.read_csv(r / "throughput.csv"))
 

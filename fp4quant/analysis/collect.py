@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..format.config import PRESETS, QuantConfig
-from ..train.config import run_name
+from ..train.train_config import run_name
 
 PROVENANCE_COLUMNS = ("hardware", "commit", "torch")
 
@@ -41,7 +41,7 @@ def training(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
 
 def series(summary: dict) -> str:
     """What a run is compared as: its TP communication, the directions it compresses where not
-    both, and its compute where not exact (fp4quant.train.config.run_name, e.g. fp4quant@fwd) --
+    both, and its compute where not exact (fp4quant.train.train_config.run_name, e.g. fp4quant@fwd) --
     as the trainer labelled it by what its wire carried (exact at TP = 1, whatever --comm said)."""
     label = (summary.get("comm") or {}).get("label")
     if label:

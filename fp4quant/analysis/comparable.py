@@ -2,7 +2,7 @@
 
 A study (workflow/config/study.yaml) compares runs that differ only in what it varies: the TP
 communication, the directions it compresses and the compute -- together the run name
-(fp4quant.train.config.run_name, e.g. fp4quant@fwd) -- and the seed.  Besides those, runs may
+(fp4quant.train.train_config.run_name, e.g. fp4quant@fwd) -- and the seed.  Besides those, runs may
 differ only in bookkeeping that changes nothing trained or measured (the fields a resumed run
 may change, fp4quant.train.consistency.BOOKKEEPING, less eval_batches: the validation batches a
 loss is measured on).  Anything else -- the model and its architecture, the steps and their
@@ -49,7 +49,7 @@ def check_complete(run_dirs: Iterable[str | Path]) -> None:
 
 def identity(summary: dict[str, Any]) -> dict[str, Any]:
     """What must be the same in runs compared with each other, by field: the configuration's
-    fields (fp4quant.train.config.TrainConfig) but the ignored ones, then what the run resolved to."""
+    fields (fp4quant.train.train_config.TrainConfig) but the ignored ones, then what the run resolved to."""
     cfg = summary["provenance"]["config"]
     ident = {k: v for k, v in cfg.items() if k not in IGNORED}
     ident["data"] = cfg.get("data")  # as spelled: compared unless the data's checksum is recorded

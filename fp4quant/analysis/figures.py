@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from ..perfmodel import validate  # noqa: E402
+from ..perfmodel import model_validation  # noqa: E402
 from ..provenance import atomic_write_bytes  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
 
@@ -397,7 +397,7 @@ def validation(df: pd.DataFrame, out, profile: str) -> None:
     was repeated; bar: SD over the steps, or over the repeats) and predicted seconds of each
     component, the relative error above each pair (repeats: their mean and range)."""
     parts = [p for p in VALIDATION_PARTS if p in set(df.component)]  # older runs: no wait
-    d = validate.summary(df[df.component.isin(parts)])
+    d = model_validation.summary(df[df.component.isin(parts)])
     configs = list(dict.fromkeys(d.config))
     fig, axes = plt.subplots(1, len(parts), figsize=(3.2 * len(parts), 3.6), squeeze=False)
     kinds = {"measured": "#4C72B0", "predicted": "#DD8452"}
@@ -419,6 +419,6 @@ def validation(df: pd.DataFrame, out, profile: str) -> None:
         ax.title.set_fontsize(8)
     axes[0][0].legend(fontsize=6)
     fig.suptitle("step model vs runs measured on the emulated cluster (this machine's ranks, tc-shaped links); "
-                 f"model inputs from {validate.probes_said(df)}, nothing fitted to the runs", fontsize=8)
+                 f"model inputs from {model_validation.probes_said(df)}, nothing fitted to the runs", fontsize=8)
     fig.tight_layout()
     _finish(fig, df, profile, out)

@@ -22,11 +22,11 @@ import pandas as pd
 from scipy import stats
 
 from ..format.config import QuantConfig
-from ..models.config import ModelConfig
+from ..models.model_config import ModelConfig
 from ..perfmodel import machines
 from ..perfmodel.__main__ import PROJECTIONS
 from ..perfmodel.model import Workload, step
-from ..train.config import parse_run_name
+from ..train.train_config import parse_run_name
 from .collect import PROVENANCE_COLUMNS, series
 
 BASELINE = "bf16"  # what every configuration is compared with

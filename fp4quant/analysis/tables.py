@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..perfmodel import validate
+from ..perfmodel import model_validation as perfmodel_validation  # model_validation: the table below
 from ..provenance import atomic_write_text
 from .figures import _order, with_series
 from .origin import origin_of_frame, stamp_tex
@@ -149,7 +149,7 @@ def model_validation(df: pd.DataFrame, out, profile: str) -> None:
     """The step model part by part: measured and predicted milliseconds per step and the
     relative error, per emulated configuration and component (over the repeats where the
     validation was repeated: their mean, the measured SD across them, the errors' range)."""
-    s = validate.summary(df)
+    s = perfmodel_validation.summary(df)
     repeats = int(s.repeats.max()) if len(s) else 1
     rows = []
     for r in s.itertuples():
@@ -165,7 +165,7 @@ def model_validation(df: pd.DataFrame, out, profile: str) -> None:
               "over their steady steps; predicted, the mean; error, the mean [min, max] of the repeats' errors")
     caption = ("The step model against training runs measured on the emulated cluster, part by part: "
                f"milliseconds per step ({spread}; from the trainer's timers; "
-               f"predicted from {validate.probes_said(df)}, nothing fitted to the runs). "
+               f"predicted from {perfmodel_validation.probes_said(df)}, nothing fitted to the runs). "
                "Scalar: the trainer's small uncompressed all-reduces (loss statistics, gradient norm, non-finite check); "
                + ("communication: the least over the ranks of a step's seconds in the TP collectives; wait: the "
                   "logging rank's seconds in them beyond that (waiting for a slower peer; the model's skew); "

@@ -91,7 +91,7 @@ def probe_latency(cluster: EmulatedCluster, a, env: dict[str, str]) -> dict:
     master = cluster.members[0].address
     with tempfile.TemporaryDirectory(prefix="fq-probe-") as tmp:
         out = os.path.join(tmp, "probe.json")
-        probe = ["-m", "fp4quant.cluster.probe", "--out", out]
+        probe = ["-m", "fp4quant.cluster.latency_probe", "--out", out]
         cmds = [torchrun(a.nodes, a.nproc_per_node, i, master, a.port + 1) + probe for i in range(a.nodes)]
         with open(os.path.join(tmp, "log"), "w+") as log:
             try:

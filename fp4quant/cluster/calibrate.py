@@ -61,32 +61,23 @@ class CollectiveGaps:
     (world 1, where its mappings send nothing): after the embedding and each attention and
     MLP block forward, and as the gradients of each attention and MLP block's input and the
     LM head's input are ready backward: 2 x (2 x layers + 1) a step, as the run's all-reduces.
-    ``slept_s`` sums the gaps since ``reset`` (the step's time leaves them out).
-
-    Why: a rank's compute is cut into short segments by waits on the link, and after each
-    wait its core has idled and its caches cooled.  On the 2-core EPYC the tiny model's
-    shard step took 62-66 ms back to back or with 0.5-2 ms gaps, 69-70 ms with 8-20 ms gaps
-    (the BF16 all-reduces at 30-60 Mbit/s take 18-36 ms).
+    ``slept_s`` sums the gaps since ``reset`` (the step's time leaves them out).  Why: a run's
+    waits on the link idle a rank's core and cool its caches, which slows its compute.
 
     ``codec`` (a CommConfig): each gap also runs the codec of a two-shot all-reduce over
     ``world`` ranks on the tensor the run would send there (the block's output forward, its
-    input gradient backward), under that direction's QuantConfig: quantize, half the gap
-    (the reduce-scatter's wait), dequantize-reduce, the other half, dequantize.  So each op
-    meets its data as a run's does: just computed, or after a wait.  ``codec_s`` sums each
-    direction's seconds per op (``codec_calls`` its calls); the step's time leaves them out
-    (``codec_total_s``).
+    input gradient backward), under that direction's QuantConfig: quantize, half the gap,
+    dequantize-reduce, the other half, dequantize, so that each op meets its data as a run's
+    does.  ``codec_s`` sums each direction's seconds per op (``codec_calls`` its calls); the
+    step's time leaves them out (``codec_total_s``).
 
     ``latency_bytes`` (needs a process group of ``world`` ranks running the same steps): each
-    wait ends in a real transfer of that many bytes per rank over the default group, with the
-    primitive the run uses there: an all-reduce of BF16 where the run sends BF16, and where
-    it compresses, the two-shot's exchanges (fp4quant.comm.exchange: its all-to-all after
-    the first half, its all-gather after the second).  A message that small rides on the
-    link's burst, so its time is the latency a run's all-reduces meet after compute, wake-up
-    and round trip included.  On the 2-core EPYC, fp4quant's runs at 60 and 120 Mbit/s (their
-    messages riding on the burst) spent 1.3-1.5 ms a wire step; these transfers gave 1.1-1.7
-    ms, small all-reduces back to back after a barrier 0.6-1.7 ms, from probe to probe.
-    ``transfer_s`` sums their seconds since ``reset`` and ``wire_steps`` the wire steps
-    they took (2 (W - 1) a wait); the step's time leaves them out."""
+    wait ends in a real transfer of that many bytes per rank with the run's primitive there
+    (BF16: an all-reduce; compressed: the two-shot's exchanges, fp4quant.comm.exchange).  So
+    small a message rides on the link's burst: its time is the latency a run's all-reduces meet
+    after compute, wake-up and round trip included.  ``transfer_s`` sums their seconds since
+    ``reset`` and ``wire_steps`` their wire steps (2 (W - 1) a wait); the step's time leaves
+    them out."""
 
     OPS = ("quantize", "dequantize_reduce", "dequantize")
 
@@ -195,16 +186,11 @@ class InStepCollectives(CollectiveGaps):
     so that the step's time leaves the whole calls out.  ``reset`` clears fp4quant.comm's
     process-wide counters.
 
-    Why: the probe's small transfers after idle gaps read a latency that moves up to 2x from
-    one set of steps to the next, and fp4quant's bare exchanges, even with the run's bytes,
-    6-17% under the run's (scripts/instep_transfers.sh at 5a111fe, kept in git's history: `git show
-    886e2d1:reference/cpu-amd-epyc-zen4-2core-instep-transfers-5a111fe/README.md`); on the 2-core
-    VM skipping a sleep of about 70 us before each exchange slowed it by 0.6-0.8 ms (run3/ there),
-    so only the run's own code path meets the host's scheduling as the run does (in these steps
-    still 0.25-0.4 ms a wire step slower than in the training runs, run3/).  A ``fraction``
-    below 1 sends other bytes than the run, so that the run's communication is still a prediction
-    (fp4quant.perfmodel.validate fits the latency to these calls' time where a case has no
-    latency runs; it prefers those: the trainer itself with fewer tokens a step on the same link)."""
+    Why: bare transfers after idle gaps meet the host's scheduling otherwise than a run does;
+    only the run's own code path meets it as the run does.  A ``fraction`` below 1 sends other
+    bytes than the run, so that the run's communication is still a prediction
+    (fp4quant.perfmodel.model_validation fits the latency to these calls' time where a case has
+    no latency runs)."""
 
     def __init__(self, net: Qwen2ForCausalLM, config: CommConfig, world: int, fraction: float):
         if world < 2:

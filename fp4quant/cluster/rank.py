@@ -39,8 +39,8 @@ def _non_negative(name: str, raw: str | None) -> float:
 def dilation_from_env(env=None) -> Dilation:
     """The dilation the runner set for this rank (nothing dilated where it set none)."""
     env = os.environ if env is None else env
-    return Dilation(_non_negative(LATENCY_VARIABLE, env.get(LATENCY_VARIABLE)),
-                    _non_negative(CODEC_VARIABLE, env.get(CODEC_VARIABLE)))
+    return Dilation(_non_negative(LATENCY_VARIABLE, env.get("FP4QUANT_CLUSTER_LATENCY_S")),
+                    _non_negative(CODEC_VARIABLE, env.get("FP4QUANT_CLUSTER_CODEC_BPS")))
 
 
 def variables(d: Dilation) -> dict[str, str]:

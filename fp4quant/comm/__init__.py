@@ -25,7 +25,7 @@ pipelines), exchange (their all-to-all and all-gather: full duplex on gloo), pla
 (sharding, padding, chunking), auto (algorithm selection from the benchmark's
 thresholds), validate (argument checks and cross-rank validation), counters (stats()),
 hooks (the one seam: called around wire steps and codec ops; none by default).  Benchmark:
-``torchrun --standalone --nproc-per-node 2 -m fp4quant.bench.collectives``.
+``torchrun --standalone --nproc-per-node 2 -m fp4quant.bench.allreduce_sweep``.
 """
 
 from __future__ import annotations

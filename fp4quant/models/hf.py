@@ -15,7 +15,7 @@ from torch import nn
 
 from ..parallel.communicator import TPCommunicator
 from ..parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .qwen2 import Qwen2ForCausalLM, RMSNorm
 
 # A tensor source: name -> a function (row range or None) -> tensor.  Rows: the first dim.

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..parallel.communicator import CommConfig, TPCommunicator
-from .config import ModelConfig
+from .model_config import ModelConfig
 
 PREFIX = "hf:"
 MODEL_TYPES = ("qwen2", "llama")  # architectures whose base_model_tp_plan tp_plan covers

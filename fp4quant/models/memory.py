@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..parallel.communicator import TPCommunicator
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .qwen2 import Qwen2ForCausalLM
 
 

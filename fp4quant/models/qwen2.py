@@ -23,7 +23,7 @@ from ..parallel.layers import (
     column_input,
     vocab_parallel_cross_entropy,
 )
-from .config import ModelConfig
+from .model_config import ModelConfig
 
 
 class RMSNorm(nn.Module):

@@ -5,7 +5,7 @@
         --out allreduce_prediction.csv
 
 The inputs come from one link: the collective benchmark run under the cluster runner
-(fp4quant.bench.collectives: each algorithm's median seconds and its codec timers), the
+(fp4quant.bench.allreduce_sweep: each algorithm's median seconds and its codec timers), the
 runner's record of it (the dilated latency each wire step sleeps), and the transfer benchmark
 on the same link (fp4quant.bench.transfers: each gloo primitive's rate per rank by size).
 Nothing is fitted to the all-reduces.  Each algorithm's seconds:
@@ -17,9 +17,9 @@ uncompressed   gloo's ring all_reduce: its sent bytes at the all_reduce rate mea
 two-shot       the codec timers' seconds, plus the all-to-all phase's bytes at the
                exchange_all_to_all rate and the all-gather phase's at the exchange_all_gather
                rate (each measured at the phase's size; the exchanges of fp4quant.comm.exchange
-               the algorithm uses; a benchmark from before 122867b has only torch's
-               all_to_all_single and all_gather_into_tensor, which two-shot used then: the
-               row's phase_primitives says which), plus 2 (W-1) latencies; one after another
+               the algorithm uses, else torch's all_to_all_single and all_gather_into_tensor
+               where a transfer benchmark lacks them: the row's phase_primitives says which),
+               plus 2 (W-1) latencies; one after another
 chunked        pipelined (fp4quant.comm.algorithms: a chunk's collective is in flight while
                the codec works on its neighbours), so the host's work -- the codec and the
                2 (W-1) latencies each chunk sleeps before it issues -- runs beside the wire,
@@ -124,7 +124,8 @@ def prediction_rows(collectives: pd.DataFrame, transfers: pd.DataFrame, record: 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--collectives", required=True, help="fp4quant.bench.collectives' CSV, run under the cluster runner")
+    ap.add_argument("--collectives", required=True,
+                    help="fp4quant.bench.allreduce_sweep's CSV, run under the cluster runner")
     ap.add_argument("--record", required=True, help="the cluster runner's record of that run (--record)")
     ap.add_argument("--transfers", required=True, nargs="+", help="fp4quant.bench.transfers' CSVs on the same link")
     ap.add_argument("--size", type=int, default=64 << 20, help="bytes of the all-reduce (default 64 MiB)")

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..format.config import QuantConfig
-from ..models.config import ModelConfig
+from ..models.model_config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Workload:
     dp: int = 1
     scalar_allreduces: int = 5  # fp4quant.train: 3 in the vocab-parallel loss, gradient norm, non-finite check
     # the share of each TP all-reduce's tensor sent (1: all, as the trainer; the probe's
-    # in-step collectives send part of it: perfmodel.validate fits the latency to them)
+    # in-step collectives send part of it: perfmodel.model_validation fits the latency to them)
     message_fraction: float = 1.0
 
     def __post_init__(self):

@@ -1,76 +1,24 @@
-"""Measure, on the ranks a training run will use, what the step model needs: run under the
-same launcher as the run (``python -m fp4quant.cluster run ... -- -m fp4quant.perfmodel.probe``).
+"""Measure, on the ranks a training run will use, what the step model needs (run under the
+run's own launcher):
 
     python -m fp4quant.cluster run --rate-mbit 50 -- -m fp4quant.perfmodel.probe \
         --model tiny --seq-len 128 --batch-size 2 --presets fp4quant --out probe.json
 
 Why not the calibration's figures alone (fp4quant.cluster.calibrate): it times one process
-while the other core idles, the codec on one (1, N) message with round-to-nearest, and no
-link.  A training step of W ranks on the emulated nodes differs in each:
+alone, the codec on one message and no link, while a run's ranks share the machine and meet
+the codec and the link inside their steps.  So every rank here, at once, times per comm (BF16
+and each preset: "compute_by_comm") its shard's training step cut by idle gaps where the run's
+all-reduces are (calibrate.CollectiveGaps): FLOP/s, skew, the scalar all-reduces, the codec on
+the tensors the run sends (backward under "<preset>:sr") and a small transfer ending each gap
+(the latency per wire step); then steps with the run's own all-reduces of --collective-fraction
+of each tensor (calibrate.InStepCollectives).  A full probe also times the link (uncompressed
+all-reduces of a small message, the run's messages and 2, 4 and 8 times the largest, since a
+shaped link's rate per byte drifts with the size; --link-sizes overrides) and the codec alone
+and in real all-reduces.  Rank 0 writes ``--out`` (JSON).
 
-compute  every rank computes its shard at once, sharing the cores and memory: each rank
-         here times its own shard's training step (world 1, as the calibration does) while
-         the other ranks do the same, twice: back to back ("rank_flops_continuous", as the
-         calibration) and cut as the run cuts it, by an idle gap where each TP all-reduce is
-         (calibrate.CollectiveGaps), as long as the link's fit says that all-reduce takes;
-         per comm ("compute_by_comm": BF16 and each preset, whose shorter waits cool the
-         caches less).  Its "rank_flops" is the ranks' mean step's and "skew_s" (the mean
-         over steps of the slowest rank's step less the ranks' mean) the wait of a rank for
-         a slower peer; the top-level pair is BF16's (older probes: an idle gap as long as
-         the step between steps)
-codec    the two-shot all-reduce quantizes (W, N/W) rows, dequantize-reduces W messages of
-         N/W values into one shard (re-quantizing it) and dequantizes W shards; backward
-         traffic uses stochastic rounding ("<preset>:sr"), which costs more.  Timed three
-         times: inside the compute probe's gapped steps, on the tensors the run sends, where
-         it sends them, each op before or after its share of the wait (calibrate.
-         CollectiveGaps; compute_by_comm[preset]["codec_values_per_s"]: what the model
-         uses, since an op's speed depends on how warm its data is and the run's state is
-         hard to stage: all-reduces with 32 MiB touched before each came out 15-30% slower
-         than the runs' timers, with 2 MiB 10-30% faster); each op alone in a loop at exactly
-         those shapes ("codec_hot_values_per_s"); and inside real compressed all-reduces
-         (fp4quant.comm.all_reduce, its quantize / dequantize timers) with --evict-mib of
-         memory touched before each ("codec_values_per_s": the model's figures for probes
-         without the in-step ones; the hot loop's ratio splits the decoding time between
-         dequantize-reduce and dequantize)
-exact    the trainer's uncompressed scalar all-reduces (vocab-parallel cross-entropy, gradient
-         norm, the non-finite check): run inside the compute probe's steps where the trainer
-         issues them (calibrate.rank_step_seconds), so that each waits, as in a run, for
-         the peer's part of the step ("scalar_allreduce_s" per comm: what the model uses); and
-         back to back ("exact_allreduce_s", the link's latency alone: 5x less on this VM)
-link     uncompressed all-reduces (BF16) for model.fit_link, at the sizes the run sends: a small
-         message for the latency, the run's messages (BF16 and each preset's) and 2, 4 and 8
-         times the largest (a shaped link's rate per byte drifts with the message size: 3.67
-         MB/s at 128 KiB and 3.3 MB/s at 4 MiB on a 30 Mbit/s link, so a fit over megabyte
-         messages mispredicts the tiny model's 128 KiB all-reduces); --link-sizes overrides.
-         The latency per wire step as a run meets it ("wire_step_latency_s" per comm, what
-         the model uses): each wait of the gapped steps ends in a small real transfer with
-         the run's primitive there (BF16: an all-reduce; compressed: the two-shot's
-         exchanges), the least over the ranks per step as the trainer counts communication
-         (calibrate.CollectiveGaps); after compute on both ranks it costs a wake-up and a
-         round trip, which the back-to-back small all-reduces after a barrier miss; each
-         step's alone is kept too ("wire_step_latency_s_by_step": the spread within a probe).
-         Then, per comm, steps with the run's own all-reduces of --collective-fraction of
-         each tensor where the waits were (calibrate.InStepCollectives, no gaps):
-         "collective_comm_s", the mean over steps of the least over the ranks of a step's
-         seconds in them (the trainer's communication timer), "collective_wire_steps" and
-         "collective_fraction"; perfmodel.validate fits the latency to them where a case
-         has no latency runs (the trainer itself with fewer tokens on the same link, which
-         it prefers: these steps met the link 0.25-0.4 ms a wire step more slowly than the
-         trainer; the small transfers read 6-17% under the run's exchanges and move 2x
-         between probes).  For a compressed comm, steps with its
-         all-reduces of whole tensors give the codec as the run's collectives meet it
-         ("collective_codec_values_per_s", what the model uses where a probe has it: the
-         gapped steps' codec, between sleeps, came out 9-25% slower than the runs' at 60
-         Mbit/s; the decoding time, one timer there, split as the gapped steps split it)
-
-Rank 0 writes ``--out`` (JSON): medians, every rank's compute FLOP/s, raw link timings.
-
-``--gaps-from EARLIER.json`` makes a bracketing probe, run after the runs that EARLIER.json
-predicts: only the gapped steps ("compute_by_comm"), with EARLIER's link timings for their
-waits, so that the step model's per-step inputs are measured on both sides of the runs and a
-drift of the shared machine's speed between probe and runs averages out (perfmodel.validate
-takes their mean; on this VM a probe's FLOP/s moved 22 -> 32 GFLOP/s from one minute to the
-next).
+``--gaps-from EARLIER.json`` makes a bracketing probe after the runs: the gapped steps alone,
+with EARLIER's link timings for their waits, so that perfmodel.model_validation averages the
+per-step inputs over both sides of the runs.
 """
 
 from __future__ import annotations
@@ -92,7 +40,7 @@ import torch.distributed as dist
 from .. import comm, ops
 from ..cluster.calibrate import measure_training_flops, rank_step_seconds
 from ..format.config import QuantConfig
-from ..models.config import ModelConfig
+from ..models.model_config import ModelConfig
 from ..parallel import CommConfig
 from ..provenance import atomic_write_json, provenance
 from ..comm import RandomStreams

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from ..cluster.calibrate import TargetCluster
-from ..models.config import ModelConfig
+from ..models.model_config import ModelConfig
 from .machines import h100, h100_codec
 from .model import Machine, Workload, step
 

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 
 from ..cluster.calibrate import TargetCluster
-from ..models.config import ModelConfig
+from ..models.model_config import ModelConfig
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
 from . import machines
 from .model import Workload, step

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from ..data import DataError, TokenDataset, is_default_folder, prepare_default_once
-from .config import ConfigError, TrainConfig, world_from_env
+from .train_config import ConfigError, TrainConfig, world_from_env
 from .ownership import die_with_launcher
 
 

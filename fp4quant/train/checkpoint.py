@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ..provenance import atomic_write_bytes, atomic_write_json, atomic_write_text
-from .config import ConfigError
+from .train_config import ConfigError
 
 MANIFEST = "manifest.json"
 LOG = "log.jsonl"

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .config import ConfigError, TrainConfig
+from .train_config import ConfigError, TrainConfig
 
 # what a resumed run may change (validation, timing and capture do not change what is computed)
 BOOKKEEPING = ("out", "eval_batches", "keep_checkpoints", "checkpoint_every", "device", "data", "validate_every_step",

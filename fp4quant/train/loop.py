@@ -41,7 +41,7 @@ from ..provenance import atomic_write_json, atomic_write_text, provenance
 from ..threads import pin_threads
 from . import checkpoint
 from .shards import load_local_state, local, local_tree, restore_optimizer_placements
-from .config import ADAM_BETAS, ConfigError, TrainConfig, run_name
+from .train_config import ADAM_BETAS, ConfigError, TrainConfig, run_name
 from .consistency import check_ranks_agree, resume_differences
 from .ownership import RunLock
 

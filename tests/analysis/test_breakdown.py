@@ -10,7 +10,7 @@ import pytest
 
 from fp4quant.analysis import collect, figures, tables
 from fp4quant.analysis.origin import read_stamp
-from fp4quant.perfmodel import validate
+from fp4quant.perfmodel import model_validation
 
 ORIGIN = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "c" * 40, "torch": "2.13.0+cpu"}
 
@@ -128,7 +128,7 @@ def test_repeated_validation_is_summarized_with_its_range(tmp_path):
     again = one.assign(measured_s=one.measured_s * 1.1, rel_error=[p / (m * 1.1) - 1 if m else "" for p, m in
                                                                    zip(one.predicted_s, one.measured_s)])
     df = pd.read_csv(_csv(tmp_path, pd.concat([one.assign(repeat=1), again.assign(repeat=2)])))
-    s = validate.summary(df).set_index(["config", "component"])
+    s = model_validation.summary(df).set_index(["config", "component"])
     total = s.loc[("fp4quant @ 30 Mbit/s", "total")]
     assert total.repeats == 2 and total.measured_s == pytest.approx(0.41 * 1.05)
     assert total.measured_sd_s == pytest.approx(pd.Series([0.41, 0.451]).std())

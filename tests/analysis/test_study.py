@@ -13,7 +13,7 @@ from scipy import stats
 
 from fp4quant.analysis import study, tradeoff
 from fp4quant.analysis.__main__ import main as analysis_main
-from fp4quant.train.config import ConfigError, parse_run_name, run_name
+from fp4quant.train.train_config import ConfigError, parse_run_name, run_name
 
 PROV = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "abc123", "torch": "2.13.0+cpu"}
 

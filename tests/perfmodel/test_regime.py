@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from fp4quant.cluster.calibrate import TargetCluster
-from fp4quant.models.config import ModelConfig
+from fp4quant.models.model_config import ModelConfig
 from fp4quant.perfmodel import regime
 from fp4quant.perfmodel.machines import h100, h100_codec
 from fp4quant.perfmodel.model import Workload, step

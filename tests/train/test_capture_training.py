@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distributed import run_ranks
-from fp4quant.models.config import ModelConfig
+from fp4quant.models.model_config import ModelConfig
 from fp4quant.parallel import load_captures
 from fp4quant.train import ConfigError, TrainConfig
 from train.launch import short

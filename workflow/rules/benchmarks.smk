@@ -50,5 +50,5 @@ rule collective_benchmark:
         sizes=q("--sizes", config["bench"]["collective_sizes"]) if config["bench"].get("collective_sizes") else "",
     threads: workflow.cores
     shell:
-        "{params.launch} -m fp4quant.bench.collectives --out {output.csv:q} {params.quick} {params.presets}"
+        "{params.launch} -m fp4quant.bench.allreduce_sweep --out {output.csv:q} {params.quick} {params.presets}"
         " {params.sizes} > {log:q} 2>&1"

@@ -38,7 +38,7 @@ rule cluster_collectives:
     threads: workflow.cores
     shell:
         "{PY:q} -m fp4quant.cluster run --calibration {input.cal:q} --nodes {NODES:q} --record {output.record:q} --"
-        " -m fp4quant.bench.collectives --out {output.csv:q} --dtype bfloat16 --sizes {params.sizes:q}"
+        " -m fp4quant.bench.allreduce_sweep --out {output.csv:q} --dtype bfloat16 --sizes {params.sizes:q}"
         " --presets fp4quant --algorithms two_shot --no-chunk-sweep --iters 20 --min-iters 5 --budget-mib 64"
         " > {log:q} 2>&1"
 

@@ -12,7 +12,7 @@ import shutil
 import torch
 from fp4quant.analysis.collect import identical_bytes
 from fp4quant.provenance import git_commit, hardware
-from fp4quant.train.config import parse_run_name, run_name
+from fp4quant.train.train_config import parse_run_name, run_name
 
 PROFILE = config["profile"]
 OUT = f"data/{PROFILE}"
@@ -98,7 +98,7 @@ def seeds_of(comm):
 
 # The compute of the linear layers (fp4quant.train --compute): a run of compute other than
 # exact lives in a folder named "<comm>+<compute>" (the ablations run with exact compute).  A
-# comm may name its directions, "<preset>@fwd" (fp4quant.train.config.run_name).
+# comm may name its directions, "<preset>@fwd" (fp4quant.train.train_config.run_name).
 COMPUTES = TRAIN.get("computes", ["exact"])
 
 

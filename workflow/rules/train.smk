@@ -25,7 +25,7 @@ def train_args(wildcards, train=None):
     """The trainer's flags for a run (``train``: the options, default the configuration's train),
     shell-quoted."""
     train = TRAIN if train is None else train
-    # a run folder "<comm>[@<compress>][+<compute>]" (fp4quant.train.config.run_name)
+    # a run folder "<comm>[@<compress>][+<compute>]" (fp4quant.train.train_config.run_name)
     comm, compress, compute = parse_run_name(wildcards.comm)
     flags = ["--comm", comm, "--seed", wildcards.seed, "--data", f"{OUT}/tokens"]
     if compute != "exact":

@@ -1,4 +1,4 @@
-# The step model checked part by part (fp4quant.perfmodel.validate): at each link rate of
+# The step model checked part by part (fp4quant.perfmodel.model_validation): at each link rate of
 # cluster.validation, a probe of the ranks and the link (fp4quant.perfmodel.probe), short
 # training runs on that link and a bracketing probe (--gaps-from: the probe's gapped steps
 # again, so that the model's per-step inputs are the mean of before and after the runs), back
@@ -6,7 +6,7 @@
 # configuration -> results/model_validation.csv.  Before each comm's run, its latency run:
 # the trainer on the same link with cluster.validation.latency_batch_size sequences a step (unset: half the runs')
 # (other bytes than the run), whose communication gives the model's latency per wire step
-# (fp4quant.perfmodel.validate: the probe's own collectives met the link more slowly than the
+# (fp4quant.perfmodel.model_validation: the probe's own collectives met the link more slowly than the
 # trainer's, by an amount that moved from probe to probe).  With
 # cluster.validation.repeats > 1 every link's probe and runs are repeated (repeat<k>/), each
 # repeat a row of its own: the spread of the errors is the machine's drift between a probe
@@ -83,4 +83,4 @@ rule model_validation:
                  for w in ["--case", f"{d}/probe.json", f"{d}/probe_after.json"]
                  + [p for c in VCOMMS for p in (f"latency:{d}/latency/{c}", f"{d}/{c}")]]),
     shell:
-        "{PY:q} -m fp4quant.perfmodel.validate {params.cases} --out {output:q} 2> {log:q}"
+        "{PY:q} -m fp4quant.perfmodel.model_validation {params.cases} --out {output:q} 2> {log:q}"

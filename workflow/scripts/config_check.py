@@ -20,10 +20,10 @@ from typing import Any
 
 import jsonschema
 
-from fp4quant.bench.collectives import PRESETS as BENCH_PRESETS
+from fp4quant.bench.allreduce_sweep import PRESETS as BENCH_PRESETS
 from fp4quant.format import PRESETS
-from fp4quant.train.config import ConfigError as TrainConfigError
-from fp4quant.train.config import parse_run_name
+from fp4quant.train.train_config import ConfigError as TrainConfigError
+from fp4quant.train.train_config import parse_run_name
 
 TRAIN_COMMS = (*PRESETS, "exact")  # what `python -m fp4quant.train --comm` accepts
 TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",

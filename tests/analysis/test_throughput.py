@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fp4quant.analysis import regime, tables
-from fp4quant.models.config import ModelConfig
+from fp4quant.analysis import tables, throughput
+from fp4quant.models.model_config import ModelConfig
 
 COMPONENTS = ("compute", "codec", "bandwidth", "latency")
 ORIGIN = {"hardware": "AMD EPYC, 2 cores (CPU)", "commit": "c" * 40, "torch": "2.13.0+cpu"}
@@ -40,7 +40,7 @@ DILATED = {"emulated": True, "nodes": 2, "link_rate_mbit": 60.0, "link_latency_m
 def test_throughput_leaves_out_the_warmup_and_compares_with_the_mean_bf16(tmp_path):
     runs = [write_run(tmp_path / f"{c}{s}", c, s, [60.0, t * (1 + 0.1 * s), t * (1 + 0.1 * s)], DILATED)
             for c, t in (("bf16", 8.0), ("fp4quant", 4.0)) for s in range(3)]
-    df = regime.throughput(runs, "cpu", warmup=1)
+    df = throughput.throughput(runs, "cpu", warmup=1)
     bf16, fp4 = df[df.comm == "bf16"], df[df.comm == "fp4quant"]
     assert list(bf16.tokens_per_s) == pytest.approx([4096 / (8.0 * (1 + 0.1 * s)) for s in range(3)])
     assert list(bf16.step_time_s) == pytest.approx([8.0, 8.8, 9.6])
@@ -48,16 +48,16 @@ def test_throughput_leaves_out_the_warmup_and_compares_with_the_mean_bf16(tmp_pa
     assert set(df.network) == {"emulated (2 nodes, every component dilated x6650)"}
     assert set(df.warmup_steps) == {1}
     with pytest.raises(ValueError, match="none after the 3 warm-up steps"):
-        regime.throughput(runs, "cpu", warmup=3)
+        throughput.throughput(runs, "cpu", warmup=3)
 
 
 def test_the_network_label_says_what_was_dilated(tmp_path):
     link_only = {**DILATED, "dilation": {**DILATED["dilation"], "codec_bytes_per_s": 0.0, "latency_injected_s": 0.0}}
     loopback = {"emulated": False, "reason": "no root", "nodes": 2, "dilation": None}
-    labels = [regime.network(write_run(tmp_path / name, "bf16", 0, [1.0], c))
+    labels = [throughput.network(write_run(tmp_path / name, "bf16", 0, [1.0], c))
               for name, c in (("full", DILATED), ("link", link_only), ("loop", loopback))]
     assert labels[0] == "emulated (2 nodes, every component dilated x6650)" and labels[1:] == [None, None]
-    df = regime.throughput([tmp_path / "loop"], "cpu", warmup=0)
+    df = throughput.throughput([tmp_path / "loop"], "cpu", warmup=0)
     assert df.network.iloc[0] == "loopback (emulated cluster unavailable: no root)"
 
 
@@ -77,7 +77,7 @@ def regime_frame() -> pd.DataFrame:
 
 def test_regime_table_states_each_share_and_its_spread(tmp_path):
     out = tmp_path / "regime.tex"
-    regime.table(regime_frame(), out, "cpu")
+    throughput.table(regime_frame(), out, "cpu")
     tex = out.read_text()
     body = [[c.strip() for c in line.rstrip("\\ ").split("&")] for line in tex.split("\\hline")[2].strip().splitlines()]
     assert body[0][1] == "target, projected" and body[0][5:] == ["11", "0", "60", "29"]

@@ -1,6 +1,6 @@
 """What Quartet's pseudo-quantized FP4 GEMMs cost against exact ones, side by side.
 
-    python -m fp4quant.bench.compute [--out data/compute_cpu.csv] [--tokens 256] [--repeats 15]
+    python -m fp4quant.bench.quartet_gemm [--out data/compute_cpu.csv] [--tokens 256] [--repeats 15]
 
 One linear layer's forward and backward (y = x W^T, then dL/dx and dL/dW), exact
 (F.linear) and Quartet (fp4quant.reference.quartet: quantize -> dequantize -> float32
@@ -62,7 +62,7 @@ def measure(tokens: int, repeats: int, layers=TINY_TP2) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fp4quant.bench.compute", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m fp4quant.bench.quartet_gemm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="data/compute_cpu.csv")
     ap.add_argument("--tokens", type=int, default=256, help="tokens per step (the default run: seq 128 x batch 2)")

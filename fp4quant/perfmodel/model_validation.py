@@ -1,47 +1,23 @@
 """The step model checked part by part against training runs on the emulated cluster.
 
-    python -m fp4quant.perfmodel.validate --out model_validation.csv \
+    python -m fp4quant.perfmodel.model_validation --out model_validation.csv \
         --case PROBE.json [AFTER.json ...] [latency:RUN_DIR ...] RUN_DIR [RUN_DIR ...] [--case ...]
 
-Each case is one link (a probe measured on it, fp4quant.perfmodel.probe, and the runs on
-it, each with the cluster record ``cluster.json`` the workflow writes beside its log; and,
-named ``latency:RUN_DIR``, a latency run per comm: a short run of the trainer on the same
-link with fewer tokens a step, so other bytes, than the runs it helps predict).
-For each run, over its steady steps (the first ``--skip`` fraction dropped: start-up,
-the first step's cross-rank validation), the trainer's own timers give
+Each case is one link: a probe measured on it (fp4quant.perfmodel.probe; later ones bracket
+the runs, see bracketed), the runs on it, each with the cluster record ``cluster.json``
+beside its log, and per comm a latency run ``latency:RUN_DIR`` (the trainer on the same link
+with fewer tokens a step, so other bytes).  Over each run's steady steps (the first ``--skip``
+fraction dropped) the trainer's own timers give the measured components: codec (quantize_s,
+dequantize_s), communication (comm_least_s: the least over the ranks), wait (comm_s -
+comm_least_s), scalar (scalar_comm_s), compute (the rest of step_time_s), total.  The model
+(fp4quant.perfmodel.model.step) predicts each from the probe alone, its link latency per wire
+step the one that gives the latency run's communication (latency_for_comm; without latency
+runs, the probe's in-step collectives): the trainer meets the link as the probe does not
+(README: the step model, part by part).  Nothing is fitted to the runs validated.
 
-measured   total = step_time_s; codec = the codec timers (codec_s of both directions, split
-           into quantize_s and dequantize_s); communication = comm_least_s of both
-           directions, the least over the ranks of a step's seconds in the TP collectives
-           (blocking: all of it is exposed); wait = comm_s - comm_least_s, the logging rank's
-           waits in them for a slower peer beyond that; scalar = scalar_comm_s, the trainer's
-           small uncompressed all-reduces (loss statistics, gradient norm, non-finite check; a
-           wait for a slower peer included); compute = total - codec - communication - wait -
-           scalar (everything else)
-
-and the model (fp4quant.perfmodel.model.step) predicts each from the probe alone (with
-bracketing probes after the runs, its per-step inputs averaged over them: see bracketed): FLOP/s
-of a rank while all compute, cut by idle gaps where the run's all-reduces are, as long as
-they take under the run's comm (the probe's compute_by_comm); the codec at the all-reduce's
-shapes and rounding, timed inside the run's own all-reduces in the probe's steps; the link
-fitted to its all-reduces (model.fit_link: the slope of the medians) with the token bucket's
-depth from the record, and its latency per wire step the one at which the model gives the
-communication of the case's latency run under the run's comm (latency_for_comm: the
-trainer's own collectives on the same link, with half the tokens a step in the workflow;
-cases without latency runs: the probe's in-step collectives, the run's own all-reduces of
-part of each tensor inside its steps; probes without those, --collective-fraction 0: as the
-probe's in-step small transfers met it under the run's comm); the scalar all-reduces as the
-probe timed them inside its steps; the ranks' skew (a rank's wait for a slower one: the wait
-row).  Nothing is fitted to the runs validated.  Why latency runs: on the 2-core VM the
-probe's in-step collectives met the link 0.25-0.4 ms a wire step more slowly than the
-trainer's runs, by an amount that moved from batch to batch of probes; a latency run meets
-the link as the runs do, and differs from them only in its bytes, which the model's link
-must then account for (README: the step model, part by part).  Rows: config, comm, component
-(compute, quantize, dequantize, codec, communication, wait, scalar, total), measured_s (mean
-over the steady steps) and its SD, predicted_s, rel_error (predicted / measured - 1); on the
-communication row, measured_link_s: the mean of the logs' comm_link_s (the link's time with
-no wait for a peer's arrival in it, whichever rank is last: how much of the least over the
-ranks is such waits; empty where the trainer did not time the link, fp4quant.train.loop).
+Rows: config, comm, component, measured_s and its SD, predicted_s, rel_error (predicted /
+measured - 1); on the communication row, measured_link_s (the logs' comm_link_s, the link's
+time without waits for a peer; empty where the trainer did not time it).
 """
 
 from __future__ import annotations
@@ -53,7 +29,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..models.config import ModelConfig
+from ..models.model_config import ModelConfig
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
 from .model import Machine, Workload, fit_link, step
 
@@ -389,7 +365,7 @@ def main(argv=None) -> int:
             for name, fit in f.items():  # each repeat's fit, in the order of the cases
                 fits.setdefault(name, []).append(fit)
     except (ValueError, KeyError, OSError) as exc:
-        print(f"fp4quant.perfmodel.validate: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"fp4quant.perfmodel.model_validation: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     prov = provenance()
     seen: dict[tuple[str, str], int] = {}

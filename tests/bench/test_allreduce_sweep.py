@@ -21,7 +21,7 @@ def test_benchmark_quick(tmp_path):
     out = tmp_path / "collectives.csv"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           "-m", "fp4quant.bench.collectives", "--quick", "--out", str(out)]
+           "-m", "fp4quant.bench.allreduce_sweep", "--quick", "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)

@@ -1,7 +1,7 @@
 """The emulated cluster's measured latency: a small all-reduce timed inside it, with and without
 the latency the ranks inject (fp4quant.cluster.dilation), before the job runs.
 
-    torchrun ... -m fp4quant.cluster.probe --out probe.json   (the cluster runner starts it)
+    torchrun ... -m fp4quant.cluster.latency_probe --out probe.json   (the cluster runner starts it)
 
 Rank 0 writes ``{"bytes", "iterations", "steps", "plain": {...}, "dilated": {...}}``, each with
 the median, min and max seconds of the all-reduces (each iteration as long as its slowest
@@ -44,7 +44,7 @@ def time_all_reduce(x: torch.Tensor, iterations: int, warmup: int = 2) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fp4quant.cluster.probe", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m fp4quant.cluster.latency_probe", description=__doc__)
     ap.add_argument("--out", required=True)
     ap.add_argument("--bytes", type=int, default=PROBE_BYTES)
     ap.add_argument("--iterations", type=int, default=PROBE_ITERATIONS)

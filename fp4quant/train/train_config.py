@@ -13,7 +13,7 @@ from typing import Any
 from ..comm import ALGORITHMS
 from ..data import DEFAULT_FOLDER
 from ..format.config import PRESETS, QuantConfig
-from ..models.config import MODEL_PRESETS, ModelConfig
+from ..models.model_config import MODEL_PRESETS, ModelConfig
 from ..models.hf_tp import is_hf, read_config
 from ..parallel.communicator import COMPRESS_CHOICES
 from ..parallel.compute import COMPUTE_KINDS

@@ -1,6 +1,6 @@
 """Latency and bandwidth of the compressed all-reduce against the uncompressed one.
 
-    torchrun --standalone --nproc-per-node 2 -m fp4quant.bench.collectives \
+    torchrun --standalone --nproc-per-node 2 -m fp4quant.bench.allreduce_sweep \
         [--out data/collectives.csv] [--sizes 4096 65536 ...] [--iters 10] [--quick]
 
 Sizes are the bytes of each rank's input tensor (float32, or --dtype bfloat16; 4 KiB .. 256 MiB by default,
