@@ -12,7 +12,8 @@ from fp4quant import environment
 
 REPO = Path(__file__).resolve().parents[1]
 # set by the launcher (torchrun), the shell or Python itself, not fp4quant's to document
-LAUNCHER = {"OMP_NUM_THREADS", "WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_ERROR_FILE", "PATH"}
+LAUNCHER = {"OMP_NUM_THREADS", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE",
+            "TORCHELASTIC_RUN_ID", "PATH"}
 READ = re.compile(r"""(?:environ\.get\(|environ\[|env\.get\(|getenv\()\s*["']([A-Z][A-Z0-9_]+)["']""")
 
 

@@ -51,9 +51,10 @@ class Dilation:
 
     # ---- the hooks (fp4quant.comm.hooks) -----------------------------------------------
 
-    def on_wire(self, steps: int) -> None:
-        """Sleep the latency of ``steps`` wire steps (nothing without a latency)."""
-        if self.latency_s > 0 and steps > 0:
+    def on_wire(self, steps: int, intra_node: bool = False) -> None:
+        """Sleep the latency of ``steps`` wire steps between nodes (nothing without a latency;
+        steps inside a node cross its loopback, not the shaped link)."""
+        if self.latency_s > 0 and steps > 0 and not intra_node:
             self.slept["wire_steps"] += steps
             self.sleep(steps * self.latency_s)
 

@@ -4,6 +4,8 @@ two_shot    (all-reduce) pad to (W, S) -> quantize_rows -> all-to-all ->
             dequantize_reduce(requantize=True) -> all-gather of the W shard messages ->
             dequantize_rows -> the first N values (decoded in place where there is no padding)
 one_shot    (all-reduce) quantize_rows(1, N) -> all-gather -> dequantize_reduce(requantize=False)
+hierarchical (all-reduce over nodes) reduce-scatter inside the node (the tensor's dtype) ->
+            two-shot among the rail's ranks on the node-shard -> all-gather inside the node
 gather      (all-gather) quantize_rows(1, n) -> all-gather -> dequantize_rows (W, n)
 scatter     (reduce-scatter) quantize_rows(W, n) -> all-to-all -> dequantize_reduce(requantize=False)
 
@@ -38,8 +40,9 @@ from .. import ops
 from ..format.packed import join_messages, layout, slice_messages
 from . import exchange, plan
 from .counters import Recorder
+from .layout import NodeLayout
 from .options import Options
-from .streams import CallStreams, RandomStreams
+from .streams import CallStreams, RandomStreams, derive
 from .wire import Wire
 
 
@@ -262,3 +265,115 @@ def scatter(src: torch.Tensor, out: torch.Tensor, call: Call) -> None:
         return None, None
 
     _pipeline(call.chunks(out.numel(), config.block), (quantize, finish), call)
+
+
+def _issue_among(call: Call, fn: Callable[..., Any], peers: list[int], intra_node: bool, *args: Any) -> Any:
+    """Start an asynchronous exchange among ``peers`` (group ranks; None with one peer)."""
+    if len(peers) == 1:
+        return None
+    with call.rec.comm():
+        call.rec.wire(len(peers) - 1, intra_node=intra_node)
+        return fn(*args, group=call.group, async_op=True, peers=peers)
+
+
+def hierarchical(flat: torch.Tensor, call: Call, layout: NodeLayout) -> None:
+    """All-reduce of the 1-D ``flat`` over the nodes of ``layout``, in place: a reduce-scatter
+    inside each node in the tensor's dtype, the two-shot between the nodes among each rail
+    (the ranks of one local index) on its node-shard, compressed if the wire is, and an
+    all-gather inside the node -- of the decoded values, or with ``intra_wire="compressed"``
+    of the rail's messages themselves (no further error: every rank decodes the same bytes).
+
+    Layout: the zero-padded tensor is (L node-shards, N inter-shards, S values); rank (node
+    n, local index l) reduces node-shard l inside its node and inter-shard n of it between
+    the nodes.  Bands of the S columns are the pipeline's chunks.  Stochastic rounding: each
+    rail draws under its own seed (derive(seed, l)), with the flat two-shot's counters on its
+    node-shard, so chunking changes no bit."""
+    rank, dtype, compressed = call.rank, flat.dtype, call.wire.kind == "compressed"
+    config = call.config if compressed else None
+    node, rail = layout.node_peers(rank), layout.rail_peers(rank)
+    L, N, l, n = len(node), len(rail), node.index(rank), rail.index(rank)
+    block = config.block if compressed else 1
+    T = flat.numel()
+    S = plan.shard_values(-(-T // L), N, block)
+    padded = flat if T == L * N * S else torch.cat([flat, flat.new_zeros(L * N * S - T)])
+    view = padded.view(L, N, S)
+    forward_messages = compressed and call.options.intra_wire == "compressed"
+    seed = derive(call.streams.seed, l) if compressed else 0
+    stochastic = compressed and config.rounding == "stochastic"
+    rec, item = call.rec, flat.element_size()
+    band_values = None if call.chunk_values is None else max(block, call.chunk_values // (L * N))
+
+    def reduce_scatter(band: plan.Chunk):
+        send = view[:, :, band.start : band.start + band.numel].reshape(L, -1).contiguous()
+        recv = torch.empty_like(send) if L > 1 else send
+        rec.bytes_sent += (L - 1) * send.shape[1] * item
+        return (band, recv), _issue_among(call, exchange.all_to_all, node, True, recv, send)
+
+    def inter_send(state):
+        band, recv = state
+        b, w = band.start, band.numel
+        part = recv[0].float() if L > 1 else recv[0].float().clone()
+        for j in range(1, L):  # in local-index order: every rail peer sums alike
+            part += recv[j]
+        part = part.view(N, w)
+        if compressed:
+            with rec.codec("quantize") as op:
+                if stochastic and w < S:  # each row at its one-band counters
+                    send = torch.cat([ops.quantize_rows(part[q : q + 1], config, seed,
+                                                        CallStreams(seed, n).offset(q * S + b)) for q in range(N)])
+                else:
+                    send = ops.quantize_rows(part, config, seed, CallStreams(seed, n).offset(b))
+                op.values, op.message_bytes = N * w, send.numel()
+        else:
+            send = part.to(dtype)
+        recv2 = torch.empty_like(send) if N > 1 else send
+        rec.bytes_sent += (N - 1) * send[0].numel() * send.element_size()
+        return (band, recv2), _issue_among(call, exchange.all_to_all, rail, False, recv2, send)
+
+    def inter_reduce(state):
+        band, recv2 = state
+        b, w = band.start, band.numel
+        if compressed:
+            with rec.codec("dequantize") as op:
+                mine = ops.dequantize_reduce(recv2, w, config, dtype, requantize=True, seed=seed,
+                                             offset=CallStreams.offset_requant(n * S + b, S))
+                op.values, op.message_bytes = 0, recv2.numel() + mine.numel()
+        else:
+            total = recv2[0].float() if N > 1 else recv2[0].float().clone()
+            for q in range(1, N):
+                total += recv2[q]
+            mine = total.to(dtype)
+        gathered = mine.new_empty((N, mine.numel())) if N > 1 else mine.view(1, -1)
+        rec.bytes_sent += (N - 1) * mine.numel() * mine.element_size()
+        return (band, gathered), _issue_among(call, exchange.all_gather, rail, False, gathered, mine.view(-1))
+
+    def intra_gather(state):
+        band, gathered = state
+        w = band.numel
+        if forward_messages:
+            mine = gathered.reshape(-1)
+        elif compressed:
+            with rec.codec("dequantize") as op:  # the rail's node-shard, decoded: the same bits on every rail peer
+                mine = ops.dequantize_rows(gathered.view(N, -1), w, config, dtype, saturate=L * N == 1).reshape(-1)
+                op.values, op.message_bytes = N * w, gathered.numel()
+        else:
+            mine = gathered.reshape(-1)
+        out = mine.new_empty((L, mine.numel())) if L > 1 else mine.view(1, -1)
+        rec.bytes_sent += (L - 1) * mine.numel() * mine.element_size()
+        return (band, out), _issue_among(call, exchange.all_gather, node, True, out, mine)
+
+    def write(state):
+        band, out = state
+        b, w = band.start, band.numel
+        if forward_messages:
+            with rec.codec("dequantize") as op:
+                vals = ops.dequantize_rows(out.view(L * N, -1), w, config, dtype, saturate=L * N == 1)
+                op.values, op.message_bytes = L * N * w, out.numel()
+        else:
+            vals = out
+        view[:, :, b : b + w].copy_(vals.view(L, N, w))
+        return None, None
+
+    _pipeline(plan.chunks(S, block, band_values), (reduce_scatter, inter_send, inter_reduce, intra_gather, write), call)
+    if padded is not flat:
+        flat.copy_(padded[:T])

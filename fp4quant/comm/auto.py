@@ -1,6 +1,6 @@
 """``algorithm="auto"``: uncompressed, one-shot or two-shot, by message size and world size.
 
-The thresholds come from the collective benchmark (``python -m fp4quant.bench.collectives``,
+The thresholds come from the collective benchmark (``python -m fp4quant.bench.allreduce_sweep``,
 ``data/collectives.csv``): ``thresholds_from_rows`` derives them from its rows and the
 benchmark prints the table entries it measured.  A message of ``b`` bytes (the input
 tensor's bytes) is compressed when ``b >= compress_min_bytes`` (never when it is None:
@@ -59,11 +59,15 @@ def lookup(backend: str, world: int) -> Thresholds:
     return TABLE[(backend, nearest)]
 
 
-def choose(nbytes: int, world: int, backend: str) -> str:
-    """"uncompressed", "one_shot" or "two_shot" for a message of ``nbytes`` input bytes."""
+def choose(nbytes: int, world: int, backend: str, layout=None) -> str:
+    """"uncompressed", "one_shot", "two_shot" or "hierarchical" for a message of ``nbytes``
+    input bytes; ``layout`` (a comm.layout.NodeLayout, where known): several nodes of several
+    ranks compress only what crosses the nodes, hierarchically."""
     t = lookup(backend, world)
     if t.compress_min_bytes is None or nbytes < t.compress_min_bytes:
         return "uncompressed"
+    if layout is not None and len(layout.nodes) > 1 and layout.ranks_per_node > 1:
+        return "hierarchical"
     if t.two_shot_min_bytes is not None and nbytes >= t.two_shot_min_bytes:
         return "two_shot"
     return "one_shot"

@@ -9,6 +9,7 @@ re-quantization of the two-shot happen in the transformed domain (``dequantize_r
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,6 +23,7 @@ from . import algorithms, auto, exchange, plan
 from . import validate as vd
 from .algorithms import Call
 from .counters import Recorder
+from .layout import NodeLayout
 from .options import Options
 from .streams import RandomStreams
 from .wire import Wire
@@ -77,6 +79,7 @@ def _prepare(name: str, group, options: Options, streams: RandomStreams | None, 
         checked = checks(wire, world)
         vd.check_algorithm(options.algorithm)
         vd.check_chunk_bytes(options.chunk_bytes)
+        vd.check_intra_wire(options.intra_wire)
         vd.check_streams(wire, streams)
     except (TypeError, ValueError) as exc:
         error, wire = exc, None
@@ -104,6 +107,8 @@ def all_reduce(
     streams: RandomStreams | None = None,
     overlap: bool = True,
     sync_timing: bool = False,
+    ranks_per_node: int | None = None,
+    intra_wire: str = "exact",
     options: Options | None = None,
 ) -> None:
     """All-reduce ``tensor`` in place over ``group``, compressed under ``config``.
@@ -118,8 +123,14 @@ def all_reduce(
                 domain, re-quantize, all-gather, decode: two quantization errors, about
                 2 (W-1)/W of the compressed tensor sent per rank), "one_shot" (all-gather
                 of the quantized tensors, local FP32 sum: one error, W-1 times the
-                compressed tensor sent), or "auto" (by size and world size from the
-                benchmark's thresholds, uncompressed below them; see fp4quant.comm.auto)
+                compressed tensor sent), "hierarchical" (a reduce-scatter inside each node
+                in the tensor's dtype, the two-shot between nodes among the ranks of one
+                local index on a 1/L shard, an all-gather inside the node: what crosses
+                nodes is compressed, what stays inside is not; any wire, exact included;
+                the node layout from ranks_per_node or torchrun's LOCAL_WORLD_SIZE), or
+                "auto" (by size and world size from the benchmark's thresholds,
+                uncompressed below them, hierarchical where the layout has several nodes
+                of several ranks; see fp4quant.comm.auto)
     chunk_bytes pipeline chunks of this many input bytes (the codec of one chunk overlaps the
                 communication of the previous one); None: one chunk; "auto": the measured
                 policy of plan.default_chunk_bytes (CPU: one chunk below 32 MiB, else
@@ -139,6 +150,7 @@ def all_reduce(
     overlap     False: each pipeline chunk through all its stages before the next (the
                 benchmark's control for what overlap buys)
     sync_timing on CUDA, synchronize around timed steps so stats() holds GPU durations
+    ranks_per_node, intra_wire: the hierarchical all-reduce's (fp4quant.comm.Options)
     options     all of the above but op, group and streams as one fp4quant.comm.Options
                 (what a caller sending many collectives alike builds once); it replaces
                 config and the keyword options
@@ -146,35 +158,47 @@ def all_reduce(
     World size 1 still runs the codec, so the error is that of any world size.
     """
     options = _options(options, config, algorithm=algorithm, chunk_bytes=chunk_bytes, validate=validate,
-                       stats_key=stats_key, overlap=overlap, sync_timing=sync_timing)
+                       stats_key=stats_key, overlap=overlap, sync_timing=sync_timing, ranks_per_node=ranks_per_node,
+                       intra_wire=intra_wire)
 
-    def checks(wire: Wire, world: int) -> str:
+    def checks(wire: Wire, world: int) -> tuple[str, NodeLayout | None]:
         vd.check_tensor(tensor, "tensor", wire.kind == "compressed")
         op_name = vd.resolve_op(op)
-        if op_name == "max" and wire.kind == "compressed":
-            raise ValueError("op 'max' needs an uncompressed wire (a sum of quantized values has no max)")
-        return op_name
+        if op_name == "max" and (wire.kind == "compressed" or options.algorithm == "hierarchical"):
+            raise ValueError("op 'max' needs the plain uncompressed all-reduce (a sum of quantized values has no max)")
+        layout = None
+        if options.algorithm == "hierarchical":
+            layout = NodeLayout.of(group, options.ranks_per_node)
+        elif options.algorithm == "auto" and (options.ranks_per_node or os.environ.get("LOCAL_WORLD_SIZE")):
+            try:
+                layout = NodeLayout.of(group, options.ranks_per_node)
+            except ValueError:  # auto: an uneven layout is not a hierarchy
+                layout = None
+        return op_name, layout
 
-    call, op_name = _prepare("all_reduce", group, options, streams, checks, tensor, tensor.numel(),
+    call, checked = _prepare("all_reduce", group, options, streams, checks, tensor, tensor.numel(),
                              tensor=tensor, op=str(op))
     if call is None:
         return
+    op_name, layout = checked
     if call.wire.narrows(tensor.dtype):
         with torch.no_grad():
             narrow = tensor.to(call.wire.dtype)
-            _all_reduce(narrow, replace(call, wire=Wire.exact()), op_name)
+            _all_reduce(narrow, replace(call, wire=Wire.exact()), op_name, layout)
             tensor.copy_(narrow)
         return
-    _all_reduce(tensor, call, op_name)
+    _all_reduce(tensor, call, op_name, layout)
 
 
-def _all_reduce(tensor: torch.Tensor, call: Call, op_name: str) -> None:
+def _all_reduce(tensor: torch.Tensor, call: Call, op_name: str, layout: NodeLayout | None = None) -> None:
     world, rec = call.world, call.rec
     n, itemsize = tensor.numel(), tensor.element_size()
     rec.bytes_uncompressed = _ring_bytes(n, itemsize, world, 2)
-    algo = call.options.algorithm if call.wire.kind == "compressed" else "uncompressed"
+    algo = call.options.algorithm
+    if algo != "hierarchical" and call.wire.kind != "compressed":
+        algo = "uncompressed"
     if algo == "auto":
-        algo = auto.choose(n * itemsize, world, _backend(call.group, tensor.device))
+        algo = auto.choose(n * itemsize, world, _backend(call.group, tensor.device), layout)
     if n == 0:
         rec.commit()
         return
@@ -187,6 +211,8 @@ def _all_reduce(tensor: torch.Tensor, call: Call, op_name: str) -> None:
                 rec.wire(2 * (world - 1))  # a ring: reduce-scatter then all-gather
                 dist.all_reduce(flat, op=dist.ReduceOp.MAX if op_name == "max" else dist.ReduceOp.SUM,
                                 group=call.group)
+        elif algo == "hierarchical":
+            algorithms.hierarchical(flat, call, layout)
         else:
             run = algorithms.two_shot if algo == "two_shot" else algorithms.one_shot
             run(flat, call)

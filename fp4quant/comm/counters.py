@@ -148,12 +148,13 @@ class Recorder:
         else:
             self.dequantize_s += elapsed
 
-    def wire(self, steps: int) -> None:
+    def wire(self, steps: int, intra_node: bool = False) -> None:
         """Count ``steps`` wire steps of a collective about to be issued, and tell the hooks
-        (call inside ``comm()``: their time is communication)."""
+        (call inside ``comm()``: their time is communication); ``intra_node``: steps known
+        to stay inside a node (the hierarchical all-reduce's)."""
         self.wire_steps += steps
         if self.hooks is not None:
-            self.hooks.on_wire(steps)
+            self.hooks.on_wire(steps, intra_node)
 
     @contextmanager
     def comm(self) -> Iterator[None]:

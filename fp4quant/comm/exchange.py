@@ -5,6 +5,11 @@ equal rows, asynchronous, with the signature of torch's collectives.
     work = exchange.all_gather(out, shard, group=g, async_op=True)   # shard -> row p of out
     work.wait()
 
+``peers`` (group ranks, in order) runs either among a subset of the group, row p for
+peers[p]: the ranks of one node, or the ranks of one rail (the same local rank on every
+node), for the hierarchical all-reduce; point-to-point transfers on the parent group, so
+no process group is created (creating one is collective over the whole world).
+
 On gloo (host tensors) they are point-to-point transfers with every receive posted before
 any send; elsewhere (NCCL) torch's own collectives.  Why: gloo's TCP transport sends data
 only once the peer has announced the matching receive, and announces a receive in the same
@@ -72,20 +77,37 @@ def _check(name: str, dst: torch.Tensor, src: torch.Tensor, dst_numel: int, worl
         raise ValueError(f"{name}: the output must be contiguous")
 
 
-def _transfers(recv_rows: torch.Tensor, send_rows: torch.Tensor, group: Any, async_op: bool):
-    """Row p of ``recv_rows`` from group rank p and row p of ``send_rows`` to it (both (W, n)):
-    every receive posted, then every send; each rank sends to a different peer first."""
-    world, rank = recv_rows.shape[0], dist.get_rank(group)
-    sources = [(rank - k) % world for k in range(1, world)]
-    targets = [(rank + k) % world for k in range(1, world)]
-    works = [dist.irecv(recv_rows[p], _global_rank(group, p), group=group, tag=TAG) for p in sources]
-    works += [dist.isend(send_rows[p], _global_rank(group, p), group=group, tag=TAG) for p in targets]
-    recv_rows[rank].copy_(send_rows[rank])
+def _transfers(recv_rows: torch.Tensor, send_rows: torch.Tensor, group: Any, async_op: bool,
+               peers: list[int] | None = None):
+    """Row p of ``recv_rows`` from peer p and row p of ``send_rows`` to it (both (W, n); peers:
+    group ranks, default the whole group): every receive posted, then every send; each rank
+    sends to a different peer first.  Host tensors on gloo: irecv / isend; device tensors
+    (NCCL): one batch of point-to-point operations."""
+    peers = list(range(recv_rows.shape[0])) if peers is None else peers
+    world, me = len(peers), peers.index(dist.get_rank(group))
+    sources = [(me - k) % world for k in range(1, world)]
+    targets = [(me + k) % world for k in range(1, world)]
+    if receives_first(group, recv_rows):
+        works = [dist.irecv(recv_rows[p], _global_rank(group, peers[p]), group=group, tag=TAG) for p in sources]
+        works += [dist.isend(send_rows[p], _global_rank(group, peers[p]), group=group, tag=TAG) for p in targets]
+    else:
+        ops = [dist.P2POp(dist.irecv, recv_rows[p], _global_rank(group, peers[p]), group) for p in sources]
+        ops += [dist.P2POp(dist.isend, send_rows[p].contiguous(), _global_rank(group, peers[p]), group)
+                for p in targets]
+        works = dist.batch_isend_irecv(ops) if ops else []
+    recv_rows[me].copy_(send_rows[me])
     work = Transfers(works)
     if async_op:
         return work
     work.wait()
     return None
+
+
+def _check_peers(name: str, group: Any, peers: list[int]) -> None:
+    if dist.get_rank(group) not in peers:
+        raise ValueError(f"{name}: this rank ({dist.get_rank(group)}) is not among the peers {peers}")
+    if len(set(peers)) != len(peers):
+        raise ValueError(f"{name}: the peers {peers} repeat a rank")
 
 
 def _torch_collective(fn, *args: Any, group: Any, async_op: bool):
@@ -94,24 +116,31 @@ def _torch_collective(fn, *args: Any, group: Any, async_op: bool):
         return fn(*args, group=group, async_op=async_op)
 
 
-def all_to_all(recv: torch.Tensor, send: torch.Tensor, group: Any = None, async_op: bool = False):
+def all_to_all(recv: torch.Tensor, send: torch.Tensor, group: Any = None, async_op: bool = False,
+               peers: list[int] | None = None):
     """``torch.distributed.all_to_all_single(recv, send)`` with equal splits: ``send``'s
-    dim 0 split in W rows, row p to rank p; row p of ``recv`` from rank p."""
-    world = dist.get_world_size(group)
+    dim 0 split in W rows, row p to rank p; row p of ``recv`` from rank p (with ``peers``:
+    W = len(peers), row p to and from peers[p])."""
+    world = dist.get_world_size(group) if peers is None else len(peers)
     _check("all_to_all", recv, send, send.numel(), world)
     if send.shape[0] % world:
         raise ValueError(f"all_to_all: input dim 0 ({send.shape[0]}) is not a multiple of the world size {world}")
-    if not receives_first(group, send):
+    if peers is not None:
+        _check_peers("all_to_all", group, peers)
+    elif not receives_first(group, send):
         return _torch_collective(dist.all_to_all_single, recv, send, group=group, async_op=async_op)
-    return _transfers(recv.view(world, -1), send.reshape(world, -1), group, async_op)
+    return _transfers(recv.view(world, -1), send.reshape(world, -1), group, async_op, peers)
 
 
-def all_gather(out: torch.Tensor, shard: torch.Tensor, group: Any = None, async_op: bool = False):
+def all_gather(out: torch.Tensor, shard: torch.Tensor, group: Any = None, async_op: bool = False,
+               peers: list[int] | None = None):
     """``torch.distributed.all_gather_into_tensor(out, shard)``: ``out`` holds W x
-    ``shard.numel()`` values, row p rank p's ``shard``."""
-    world = dist.get_world_size(group)
+    ``shard.numel()`` values, row p rank p's ``shard`` (with ``peers``: peers[p]'s)."""
+    world = dist.get_world_size(group) if peers is None else len(peers)
     _check("all_gather", out, shard, world * shard.numel(), world)
-    if not receives_first(group, shard):
+    if peers is not None:
+        _check_peers("all_gather", group, peers)
+    elif not receives_first(group, shard):
         flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         return _torch_collective(flat, out, shard, group=group, async_op=async_op)
-    return _transfers(out.view(world, -1), shard.reshape(1, -1).expand(world, -1), group, async_op)
+    return _transfers(out.view(world, -1), shard.reshape(1, -1).expand(world, -1), group, async_op, peers)

@@ -5,8 +5,10 @@ tool that must see or shape what the collectives do in this process installs an 
 with these two methods (fp4quant.cluster's time dilation is one: it sleeps a dilated
 latency before each wire step and stretches each codec op to a dilated target's time):
 
-    on_wire(steps)                          before a collective's ``steps`` wire steps are
-                                            issued, inside its communication timer
+    on_wire(steps, intra_node)              before a collective's ``steps`` wire steps are
+                                            issued, inside its communication timer;
+                                            ``intra_node``: steps known to stay inside a
+                                            node (False where the layout is unknown)
     on_codec(op, seconds, values, message_bytes)
                                             after a codec op ("quantize", "dequantize") that
                                             took ``seconds``, encoded or decoded ``values``
@@ -25,7 +27,7 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Hooks(Protocol):
-    def on_wire(self, steps: int) -> None: ...
+    def on_wire(self, steps: int, intra_node: bool) -> None: ...
 
     def on_codec(self, op: str, seconds: float, values: int, message_bytes: int) -> None: ...
 
@@ -43,7 +45,7 @@ _INSTALLED = _Installed()
 def install(hooks: Hooks) -> None:
     """Install ``hooks`` for every collective of this process (one at a time)."""
     if not isinstance(hooks, Hooks):
-        raise TypeError(f"hooks must have on_wire(steps) and on_codec(op, seconds, values, message_bytes), "
+        raise TypeError(f"hooks must have on_wire(steps, intra_node) and on_codec(op, seconds, values, message_bytes), "
                         f"got {type(hooks).__name__}")
     if _INSTALLED.hooks is not None and _INSTALLED.hooks is not hooks:
         raise RuntimeError(f"collective hooks are installed already ({type(_INSTALLED.hooks).__name__}): remove them "

@@ -33,7 +33,7 @@ from .streams import RandomStreams
 from .wire import Wire
 
 OPS = ("sum", "avg", "max")  # max: uncompressed all_reduce only
-ALGORITHMS = ("two_shot", "one_shot", "auto")  # the one list: the trainer, the schema and the workflow read it
+ALGORITHMS = ("two_shot", "one_shot", "hierarchical", "auto")  # the one list: the trainer, the schema and the workflow read it
 # how long a validating rank waits for the others' records: ranks reach a collective seconds
 # apart, not minutes, even at a run's first step
 VALIDATION_TIMEOUT_S = 300.0
@@ -68,6 +68,14 @@ def check_tensor(t: Any, what: str, compressed: bool) -> None:
 def check_algorithm(algorithm: Any) -> None:
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+INTRA_WIRES = ("exact", "compressed")
+
+
+def check_intra_wire(intra_wire: Any) -> None:
+    if intra_wire not in INTRA_WIRES:
+        raise ValueError(f"intra_wire must be one of {INTRA_WIRES}, got {intra_wire!r}")
 
 
 def check_chunk_bytes(chunk_bytes: Any) -> None:

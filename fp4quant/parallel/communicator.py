@@ -53,13 +53,16 @@ class CommConfig:
     validate: bool = False
     overlap: bool = True
     sync_timing: bool = False
+    ranks_per_node: int | None = None  # the hierarchical algorithm's node layout (None: LOCAL_WORLD_SIZE)
+    intra_wire: str = "exact"  # the hierarchical algorithm's all-gather inside a node
 
     def options(self, direction: str) -> Options:
         """The one fp4quant.comm.Options of ``direction``'s collectives (its wire, counted under
         its own stats key), built once by the communicator."""
         return Options(Wire.of(getattr(self, direction), uncompressed="cast"), algorithm=self.algorithm,
                        chunk_bytes=self.chunk_bytes, overlap=self.overlap, validate=self.validate,
-                       sync_timing=self.sync_timing, stats_key=direction)
+                       sync_timing=self.sync_timing, stats_key=direction, ranks_per_node=self.ranks_per_node,
+                       intra_wire=self.intra_wire)
 
     @classmethod
     def from_preset(cls, preset: str, compress: str = "both", stochastic_backward: bool = True, **kwargs) -> CommConfig:

@@ -116,3 +116,13 @@ def test_codec_stretch_never_shortens_and_changes_no_value():
         assert fast["sleeps"] == [] and fast["unstretched"] == 3 and fast["stretch_s"] == 0.0
         assert slow["same_bits"] and fast["same_bits"]
         assert slow["wire_steps"] == fast["wire_steps"] == 2
+
+
+def test_steps_inside_a_node_sleep_no_inter_node_latency(monkeypatch):
+    slept = []
+    monkeypatch.setattr(dilation_module.Dilation, "sleep", staticmethod(slept.append))
+    d = Dilation(latency_s=0.5)
+    d.on_wire(3, intra_node=True)
+    assert slept == []
+    d.on_wire(3, intra_node=False)
+    assert slept == [1.5] and d.slept["wire_steps"] == 3

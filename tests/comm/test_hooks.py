@@ -14,7 +14,7 @@ class Recording:
     def __init__(self):
         self.wire, self.codec = [], []
 
-    def on_wire(self, steps):
+    def on_wire(self, steps, intra_node):
         self.wire.append(steps)
 
     def on_codec(self, op, seconds, values, message_bytes):
