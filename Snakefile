@@ -3,6 +3,7 @@
 #   snakemake --cores all figures/throughput.pdf          # one figure (default CPU configuration)
 #   snakemake --cores all                                 # every figure and table
 #   snakemake --cores all ablation_no_fwht                # one ablation (ablation_naive_pack: kernels only)
+#   snakemake --cores all topology_emulated               # the topology model on 2 emulated nodes x 2 ranks
 #   snakemake --profile workflow/profiles/h100-slurm --configfile workflow/config/h100.yaml
 #
 # Configuration: workflow/config/default.yaml, checked against workflow/schemas/ and the code
@@ -46,6 +47,7 @@ include: "workflow/rules/benchmarks.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/traffic.smk"
 include: "workflow/rules/cluster.smk"
+include: "workflow/rules/topology.smk"
 include: "workflow/rules/validation.smk"
 include: "workflow/rules/throughput.smk"
 include: "workflow/rules/results.smk"

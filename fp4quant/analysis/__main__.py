@@ -27,7 +27,7 @@ TABLES = (*PAPER_TABLES, "regime")
 READS = {"throughput": ["throughput"], "regime": ["regime"], "kernels": ["kernels"], "allreduce": ["collectives"],
          "projection": ["projection"],
          "breakdown": ["breakdown"], "validation": ["model_validation"], "model_validation": ["model_validation"],
-         "sensitivity": ["projection_sensitivity"],
+         "sensitivity": ["projection_sensitivity"], "topology": ["projection_clusters"],
          "convergence": ["curves", "training"], "error": ["error"], "formats": ["error"], "ablation": ["ablation"],
          "end_to_end": ["training", "throughput"],
          "traffic": ["traffic"], "tradeoff": ["convergence_summary"]}
@@ -133,6 +133,8 @@ def cmd_figure(a) -> None:
         figures.validation(read("model_validation"), a.out, a.profile)
     elif a.name == "projection":
         figures.projection(read("projection"), a.out, a.profile)
+    elif a.name == "topology":
+        figures.topology(read("projection_clusters"), a.out, a.profile)
     elif a.name == "sensitivity":
         figures.sensitivity(read("projection_sensitivity"), a.out, a.profile)
     elif a.name == "traffic":  # --results: the folder of bench/traffic.csv

@@ -99,10 +99,27 @@ def end_to_end(root: Path) -> str:
 
 
 def projection(root: Path) -> str:
-    df = _csv(root, f"{ZEN4}/results/projection.csv")
-    row = df[df.scenario.str.contains("TP=16") & (df.comm == "fp4quant")].iloc[0]
-    return (f"{row.predicted_speedup:.2f}x at TP = 16 over two nodes, if one 50 GB/s link carried the whole "
-            "all-reduce (no topology: under review)")
+    df = _csv(root, "data/projection_clusters.csv")
+
+    def cell(cluster: str, tp: int, algorithm: str) -> str:
+        r = df[(df.cluster == cluster) & (df.tp == tp) & (df.algorithm == algorithm)].iloc[0]
+        return f"{r.speedup:.2f}x [{r.speedup_low:.2f}, {r.speedup_high:.2f}]"
+
+    return (f"TP = 16 over two nodes, hierarchical FP4: {cell('DGX H100: NVLink, 8 x 400G NICs', 16, 'hierarchical_fp4')} "
+            f"on DGX-class nodes (8 x 400G NICs), {cell('H100 NVLink, 2 x 200G NICs', 16, 'hierarchical_fp4')} with "
+            f"2 x 200G, {cell('H100 NVLink, 1 x 200G NIC', 16, 'hierarchical_fp4')} with 1 x 200G; flat two-shot "
+            f"{cell('H100 NVLink, 2 x 200G NICs', 16, 'flat_fp4')} with 2 x 200G; PCIe nodes, TP = 8: "
+            f"{cell('H100 PCIe, 1 x 200G NIC', 8, 'flat_fp4')}")
+
+
+def topology_emulated(root: Path) -> str:
+    df = _csv(root, "data/allreduce_2x2_emulated_validation.csv")
+    big = df[df.size_bytes == df.size_bytes.max()].set_index("algorithm")
+    h, f, g = (big.loc[a] for a in ("hierarchical_fp4", "flat_fp4", "gloo_bf16"))
+    return (f"{big.size_bytes.iloc[0] >> 20} MiB on 2 nodes x 2 ranks: hierarchical FP4 {h.measured_s:.2f} s "
+            f"({h.measured_min_s:.2f}-{h.measured_max_s:.2f}), flat FP4 {f.measured_s:.2f} s, gloo BF16 "
+            f"{g.measured_s:.2f} s; the model within {100 * df.rel_error.abs().max():.0f}% of every algorithm "
+            f"at 4-{big.size_bytes.iloc[0] >> 20} MiB ({h.iters} iterations)")
 
 
 def model_validation(root: Path) -> str:
@@ -159,8 +176,12 @@ CLAIMS = (
           "emulated 2-node cluster, CPU", tuple(f"{f}/results/throughput.csv" for f in (ZEN4, ZEN3, XEON)), FIGURES),
     Claim("Step model predicts the emulated cluster", "-", model_validation, "emulated, CPU (Zen 4)",
           (f"{ZEN4}/results/model_validation.csv",), FIGURES),
-    Claim("Throughput on H100 nodes", "up to 1.56x", projection, "projected (step model, assumed H100)",
-          (f"{ZEN4}/results/projection.csv",), FIGURES),
+    Claim("Throughput on H100 nodes", "up to 1.56x (cluster not stated)", projection,
+          "projected (topology model, named clusters)", ("data/projection_clusters.csv",),
+          "`python -m fp4quant.perfmodel.topology --out data/projection_clusters.csv`"),
+    Claim("The hierarchy pays where the link is slow", "-", topology_emulated, "emulated 2 x 2 cluster, CPU (Xeon)",
+          ("data/allreduce_2x2_emulated.csv", "data/allreduce_2x2_emulated_validation.csv"),
+          "`snakemake --cores all topology_emulated`"),
     Claim("Convergence comparable to BF16", "comparable", convergence, "measured, CPU, small Qwen2",
           (f"{STUDY}/results/convergence_summary.csv",),
           "`snakemake --cores all study --configfile workflow/config/study.yaml`"),

@@ -18,7 +18,7 @@ from ..provenance import atomic_write_bytes  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
 
 FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity", "traffic",
-           "breakdown", "validation")
+           "breakdown", "validation", "topology")
 STUDY_FIGURES = ("convergence", "tradeoff")  # the convergence study's (workflow/rules/study.smk), not the paper's set
 ORDER = ["bf16", "fp4quant", "no_fwht", "single_scale", "naive_pack", "nvfp4", "mxfp4", "int4", "fp8"]
 
@@ -351,6 +351,38 @@ def projection(df: pd.DataFrame, out, profile: str) -> None:
     b.title.set_fontsize(9)
     b.legend(fontsize=7, loc="upper left")
     _finish(fig, v, profile, out)
+
+
+TOPOLOGY_ALGORITHMS = {"flat_fp4": "flat two-shot FP4", "hierarchical_fp4": "hierarchical FP4",
+                       "hierarchical_bf16": "hierarchical BF16"}
+
+
+def topology(df: pd.DataFrame, out, profile: str) -> None:
+    """The projection by topology: per cluster and TP degree, each algorithm's end-to-end speedup
+    over NCCL's BF16 all-reduce (the model's nominal inputs; the bar: its low to high over the
+    uncertain ones), beside the paper's 1.56x."""
+    df = df[df.algorithm.isin(list(TOPOLOGY_ALGORITHMS))]
+    cells = list(dict.fromkeys(zip(df.cluster, df.tp)))
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    width = 0.8 / len(TOPOLOGY_ALGORITHMS)
+    palette = sns.color_palette("colorblind", len(TOPOLOGY_ALGORITHMS))
+    for k, (algo, label) in enumerate(TOPOLOGY_ALGORITHMS.items()):
+        g = df[df.algorithm == algo].set_index(["cluster", "tp"]).reindex(cells)
+        x = [i + (k - 1) * width for i in range(len(cells))]
+        ax.bar(x, g.speedup, width, color=palette[k], label=label, hatch=["", "//", ".."][k], edgecolor="white")
+        ax.errorbar(x, g.speedup, yerr=[g.speedup - g.speedup_low, g.speedup_high - g.speedup], fmt="none", ecolor="0.2",
+                    capsize=2, lw=0.8)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(1.56, color="0.4", ls="--", lw=1, label="paper: up to 1.56x (cluster not stated)")
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels(["\n".join(textwrap.wrap(c, 18)) + f"\nTP = {tp}" for c, tp in cells], fontsize=7)
+    first = df.iloc[0]
+    ax.set(ylabel="training throughput over NCCL BF16",
+           title=f"projected: {first.model}, seq {first.seq_len} x batch {first.batch_size} (bars: nominal inputs; "
+                 f"whiskers: low / high over the uncertain ones)")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, loc="upper left")
+    _finish(fig, df, profile, out)
 
 
 SENSITIVITY_AXES = {"inter_node_bw_GBps": "inter-node GB/s per GPU", "latency_us": "latency per hop (us)",

@@ -42,14 +42,15 @@ from ..threads import pin_threads
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [4 * KIB * 4**k for k in range(9)]  # 4 KiB .. 256 MiB
 PRESETS = ("fp4quant", "no_fwht", "single_scale", "nvfp4", "mxfp4", "int4", "fp8")
-ALGORITHMS = ("one_shot", "two_shot")
+ALGORITHMS = ("one_shot", "two_shot", "hierarchical")
+DEFAULT_ALGORITHMS = ("one_shot", "two_shot")  # hierarchical needs several nodes of several ranks
 QUICK_SIZES = [4 * KIB, 64 * KIB, 1 * MIB]
 
 
 @dataclass(frozen=True)
 class Series:
     config: str  # preset name or "none"
-    algorithm: str  # "uncompressed", "one_shot", "two_shot"
+    algorithm: str  # "uncompressed", "one_shot", "two_shot", "hierarchical"
     chunk_bytes: int | str | None = None  # "auto": all_reduce's default policy
     study: str = "presets"
     overlap: bool = True  # False: chunks one after the other (the control for the overlap)
@@ -68,6 +69,8 @@ def series(presets, algorithms, chunked: int | str | None, sweep: list[int]) -> 
     ("auto": the default policy); fp4quant two-shot with each ``sweep`` chunk size, with
     and without overlap."""
     out = [Series("none", "uncompressed")]
+    if "hierarchical" in algorithms:  # the fair uncompressed hierarchy beside the compressed one
+        out.append(Series("none", "hierarchical"))
     for p in presets:
         for a in algorithms:
             out.append(Series(p, a, None))
@@ -101,7 +104,7 @@ def measure(s: Series, src: torch.Tensor, work: torch.Tensor, iters: int, warmup
     each call validated across ranks first (to time what validation costs).  Under the
     emulated cluster its rank wrapper has installed the dilation (fp4quant.comm.hooks)."""
     config = None if s.config == "none" else QuantConfig.preset(s.config)
-    algorithm = "two_shot" if s.algorithm == "uncompressed" else s.algorithm
+    algorithm = "two_shot" if s.algorithm == "uncompressed" else s.algorithm  # (no compression: torch's)
 
     def once() -> float:
         work.copy_(src)
@@ -208,7 +211,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-mib", type=int, default=512,
                     help="input MiB timed per series and size (fewer iterations at large sizes)")
     ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS)
-    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    ap.add_argument("--algorithms", nargs="+", default=list(DEFAULT_ALGORITHMS), choices=ALGORITHMS,
+                    help="hierarchical: also the uncompressed hierarchy (series none/hierarchical); the node "
+                         "layout is torchrun's LOCAL_WORLD_SIZE")
     ap.add_argument("--chunk-bytes", default="auto",
                     help="chunking of the 'chunked' series: 'auto' (all_reduce's default policy), bytes, or 0 (none)")
     ap.add_argument("--chunk-sweep", type=int, nargs="*", default=[1 * MIB, 4 * MIB, 16 * MIB],
@@ -257,7 +262,7 @@ def main(argv=None) -> int:
                 continue
             bar.set_postfix_str(f"{size // KIB} KiB {s.label}")
             m = measure(s, src, work, iters, warmup, validate=args.validate)
-            base = m["latency_s"] if s.config == "none" else base
+            base = m["latency_s"] if (s.config, s.algorithm) == ("none", "uncompressed") else base
             rows.append({
                 "study": s.study, "series": s.label, "config": s.config, "algorithm": s.algorithm,
                 "chunk_policy": "auto" if s.chunk_bytes == "auto" else ("fixed" if s.chunk_bytes else "none"),

@@ -11,6 +11,7 @@ import pytest
 
 from fp4quant.analysis.__main__ import main
 from fp4quant.analysis.figures import FIGURES
+from fp4quant.perfmodel import topology
 from fp4quant.analysis.tables import TABLES
 from fp4quant.perfmodel import sensitivity
 from fp4quant.provenance import atomic_write_csv
@@ -35,6 +36,10 @@ def complete_run(tmp_path_factory) -> Path:
     origin = pd.read_csv(results / "projection.csv").iloc[0]
     atomic_write_csv(results / "projection_sensitivity.csv",
                      [{**r, "commit": origin.commit, "torch": origin.torch} for r in sensitivity.sweep()])
+    # the projection by topology (projected too): stamped alike
+    atomic_write_csv(results / "projection_clusters.csv",
+                     [{**r, "hardware": "H100 (assumed)", "commit": origin.commit, "torch": origin.torch}
+                      for r in topology.table()])
     (data / "tokens").mkdir()
     (data / "tokens/tokens.bin").write_bytes(b"\0" * 64)  # never frozen
     (data / "runs/tiny/bf16/seed0/workflow_job.json").write_text('{"key": "/home/someone/fp4quant ..."}')  # nor this

@@ -36,7 +36,7 @@ EMULATED = CLUSTER.get("enabled", False)
 NODES = CLUSTER.get("nodes", 2)
 THROUGHPUT = CLUSTER.get("throughput", {})
 
-FIGURE_NAMES = ["throughput", "kernels", "allreduce", "convergence", "error", "sensitivity", "breakdown"] + (
+FIGURE_NAMES = ["throughput", "kernels", "allreduce", "convergence", "error", "sensitivity", "breakdown", "topology"] + (
     ["projection", "validation"] if EMULATED else [])
 TABLE_NAMES = ["formats", "ablation", "end_to_end"] + (["model_validation", "regime"] if EMULATED else [])
 FIGURES = expand("figures/{name}.pdf", name=FIGURE_NAMES) + ["figures/traffic.pdf"]  # traffic: its own rule

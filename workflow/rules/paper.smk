@@ -10,6 +10,7 @@ rule figure:
         rules.collect_results.output,
         rules.collect_throughput.output,
         rules.projection_sensitivity.output,
+        rules.projection_clusters.output,
         [f"{OUT}/results/projection.csv", f"{OUT}/results/model_validation.csv"] if EMULATED else [],
     output:
         "figures/{name}.pdf",
