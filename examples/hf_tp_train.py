@@ -59,9 +59,7 @@ def main() -> None:
         if dist.get_rank() == 0:
             print(json.dumps({"step": step, "loss": round(float(loss), 5)}), flush=True)
     if dist.get_rank() == 0:
-        stats = comm.stats()
-        print(json.dumps({d: {k: stats.get(d, {}).get(k, 0) for k in ("calls", "bytes_sent", "bytes_uncompressed")}
-                          for d in ("fwd", "bwd")}), flush=True)
+        print(json.dumps(comm.traffic()), flush=True)
     dist.destroy_process_group()
 
 

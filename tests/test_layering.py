@@ -26,6 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "parallel": {"comm", "format", "reference", "provenance"},
     "models": {"parallel", "comm", "format"},
     "train": {"models", "parallel", "comm", "format", "ops", "data"} | BASE,
+    # adapters of the TP communicator to other frameworks' layers (Megatron-Core, torchtitan)
+    "integrations": {"parallel", "comm", "format"},
     "cluster": {"models", "parallel", "comm", "format", "ops"} | BASE,
     # a comm benchmark measures the collectives alone: no trainer, models or data behind it;
     # parallel: bench.traffic reads the captured TP traffic (parallel.capture's files)

@@ -12,12 +12,13 @@ import tomllib
 from distributed import REPO
 
 ARTIFACT_ONLY = ("pandas", "seaborn", "snakemake", "matplotlib", "yaml", "transformers", "safetensors", "scipy",
-                 "torchao")
+                 "torchao", "megatron")
 
 
 def test_the_library_imports_nothing_of_the_artifact():
     code = ("import json, sys\n"
             "import fp4quant, fp4quant.comm, fp4quant.parallel, fp4quant.models, fp4quant.train.loop\n"
+            "import fp4quant.integrations.megatron\n"  # Megatron on enable() only
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -30,6 +31,6 @@ def test_the_core_dependencies_leave_the_artifact_to_extras():
     core = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in project["dependencies"]}
     assert "torch" in core and not core & set(ARTIFACT_ONLY), core
     extras = project["optional-dependencies"]
-    assert {"artifact", "hf", "test", "dev"} <= set(extras)
+    assert {"artifact", "hf", "test", "dev", "megatron", "torchtitan"} <= set(extras)
     assert any(d.startswith("snakemake") for d in extras["artifact"])
     assert any(d.startswith("transformers") for d in extras["hf"])

@@ -7,7 +7,7 @@
     comm.reduce_scatter(out, x, "fp4quant", group=tp_group)     # x: W * out.numel() values
     streams = comm.RandomStreams(seed)                          # stochastic rounding: the caller's streams
     comm.all_reduce(x, sr_config, streams=streams, stats_key="bwd")
-    comm.stats(); comm.reset_stats(); comm.take_spans()
+    comm.stats(); comm.traffic(); comm.reset_stats(); comm.take_spans()
     opts = comm.Options("fp4quant", stats_key="fwd")             # one options value, built once
     comm.all_reduce(x, group=tp_group, options=opts)
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 from . import hooks
 from .auto import Thresholds, set_table
 from .collectives import DEFAULT_CHUNK_BYTES, all_gather, all_reduce, reduce_scatter
-from .counters import reset_stats, stats, take_spans
+from .counters import reset_stats, stats, take_spans, traffic
 from .options import Options
 from .plan import default_chunk_bytes
 from .streams import RandomStreams, derive, mix64
@@ -58,5 +58,6 @@ __all__ = [
     "reset_stats",
     "set_table",
     "stats",
+    "traffic",
     "take_spans",
 ]

@@ -39,13 +39,15 @@ collectives, not their GPU duration; with it, every timed step ends with a
 ``torch.cuda.synchronize()`` (exact, but it serializes the pipeline).  The fast path
 never synchronizes.
 
-The totals are process-wide, keyed by the ``stats_key`` each call names (a
-TPCommunicator maps its directions to "fwd" and "bwd"); nothing else is shared.
+The totals are the calling thread's (a simulated rank's are its own: fp4quant.comm.local),
+keyed by the ``stats_key`` each call names (a TPCommunicator maps its directions to "fwd"
+and "bwd"); nothing else is shared.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -65,32 +67,45 @@ def _new() -> dict[str, float]:
     return {f: 0 if f in COUNTS else 0.0 for f in FIELDS}
 
 
-_STATS: defaultdict[str, dict[str, float]] = defaultdict(_new)
-_SPANS: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
-_keep_spans = False  # set by the first take_spans()
+class _Counters(threading.local):
+    """One thread's totals and spans (each thread starts with empty ones)."""
+
+    def __init__(self) -> None:
+        self.stats: defaultdict[str, dict[str, float]] = defaultdict(_new)
+        self.spans: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
+        self.keep_spans = False  # set by the first take_spans()
+
+
+_COUNTERS = _Counters()
 
 
 def stats() -> dict[str, dict[str, Any]]:
     """A copy of the counters: ``{stats_key: {calls, bytes_sent, bytes_uncompressed, codec_s,
     quantize_s, dequantize_s, comm_s, total_s, wire_steps}}`` (see the module doc for what each
     counts)."""
-    return copy.deepcopy(dict(_STATS))
+    return copy.deepcopy(dict(_COUNTERS.stats))
+
+
+def traffic(keys: tuple[str, ...] = ("fwd", "bwd")) -> dict[str, dict[str, int]]:
+    """Calls and bytes (sent, uncompressed) per stats key, 0 where a key has none: what a
+    training script reports of its TP traffic."""
+    return {k: {f: int(_COUNTERS.stats.get(k, {}).get(f, 0)) for f in ("calls", "bytes_sent", "bytes_uncompressed")}
+            for k in keys}
 
 
 def reset_stats() -> None:
     """Clear all counters (the spans included)."""
-    _STATS.clear()
-    _SPANS.clear()
+    _COUNTERS.stats.clear()
+    _COUNTERS.spans.clear()
 
 
 def take_spans() -> dict[str, list[tuple[float, float]]]:
     """The (start, end) of every timed part of comm_s since the last take (or reset), per
     key, in the order they ran; they are cleared (a caller takes them once a step).  The
     first call starts keeping them (and returns {})."""
-    global _keep_spans
-    _keep_spans = True
-    spans = dict(_SPANS)
-    _SPANS.clear()
+    _COUNTERS.keep_spans = True
+    spans = dict(_COUNTERS.spans)
+    _COUNTERS.spans.clear()
     return spans
 
 
@@ -162,11 +177,11 @@ class Recorder:
         yield
         end = self._now()
         self.comm_s += end - t
-        if _keep_spans:  # nothing to append for callers that never take them
+        if _COUNTERS.keep_spans:  # nothing to append for callers that never take them
             self.spans.append((t, end))
 
     def commit(self) -> None:
-        s = _STATS[self.key]
+        s = _COUNTERS.stats[self.key]
         s["calls"] += 1
         s["bytes_sent"] += int(self.bytes_sent)
         s["bytes_uncompressed"] += int(self.bytes_uncompressed)
@@ -177,4 +192,4 @@ class Recorder:
         s["total_s"] += time.perf_counter() - self.start
         s["wire_steps"] += self.wire_steps
         if self.spans:
-            _SPANS[self.key].extend(self.spans)
+            _COUNTERS.spans[self.key].extend(self.spans)

@@ -9,9 +9,11 @@ capture       TrafficCapture: the tensors that cross the wire at chosen steps, s
 compute       ComputeConfig, LinearCompute: the linear layers' GEMMs, exact or Quartet's FP4
 layers        ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
               vocab_parallel_cross_entropy
-styles        CompressedColwiseParallel, CompressedRowwiseParallel, CompressedSequenceParallel:
-              the same traffic through PyTorch's parallelize_module (anyone's model)
-hf_plan       tp_plan(model): the compressed plan of a Hugging Face Qwen2 / Llama model
+styles        CompressedColwiseParallel, CompressedRowwiseParallel, CompressedSequenceParallel,
+              CompressedPrepareModuleInput (a block's input, prepared once for its column-parallel
+              layers): the same traffic through PyTorch's parallelize_module (anyone's model)
+hf_plan       tp_plan(model): the compressed plan of a Hugging Face Qwen2 / Llama model, block
+              inputs prepared once (2 compressed reductions per decoder layer each way)
 """
 
 from .capture import TrafficCapture, load_captures
@@ -22,6 +24,7 @@ from .hf_plan import register_transformers_styles, tp_plan
 from .mesh import ParallelMesh, init_mesh
 from .styles import (
     CompressedColwiseParallel,
+    CompressedPrepareModuleInput,
     CompressedRowwiseParallel,
     CompressedSequenceParallel,
     start_step,
@@ -31,6 +34,7 @@ __all__ = [
     "ColumnParallelLinear",
     "CommConfig",
     "CompressedColwiseParallel",
+    "CompressedPrepareModuleInput",
     "CompressedRowwiseParallel",
     "CompressedSequenceParallel",
     "ComputeConfig",

@@ -5,6 +5,12 @@ reduce_from_tp   (g) all-reduce forward ("fwd"), identity backward
 gather_from_sp   all-gather of the sequence forward ("fwd"), reduce-scatter backward ("bwd")
 scatter_to_sp    reduce-scatter forward ("fwd"), all-gather backward ("bwd")
 Sequence-parallel activations are (T / tp, B, H): sequence first, so dim 0 is gathered.
+
+Only reduce_from_tp could work in place (the collectives of fp4quant.comm write into the
+tensor they are given): it does so on a layer's fresh output, and on a contiguous copy of
+anything else -- a view (``DTensor.to_local()``'s result, which autograd forbids modifying
+in place; a slice, whose base others may hold), a non-contiguous tensor, a leaf that
+requires grad.  The other mappings send a copy or a new tensor.
 """
 
 from __future__ import annotations
@@ -12,6 +18,16 @@ from __future__ import annotations
 import torch
 
 from .communicator import TPCommunicator
+
+
+def reducible_in_place(x: torch.Tensor) -> bool:
+    """Whether an all-reduce may write into ``x``: contiguous, not a view of another tensor (a
+    ``DTensor.to_local()`` result is one), not a leaf that requires grad."""
+    return x.is_contiguous() and x._base is None and not (x.is_leaf and x.requires_grad)
+
+
+def _copy(x: torch.Tensor) -> torch.Tensor:
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -23,14 +39,14 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # a copy: autograd may hand the same gradient buffer to other consumers
-        return ctx.tp.all_reduce(grad.contiguous().clone(), "bwd"), None
+        return ctx.tp.all_reduce(_copy(grad), "bwd"), None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, tp: TPCommunicator):
-        if not x.is_contiguous():
-            return tp.all_reduce(x.contiguous(), "fwd")
+        if not reducible_in_place(x):
+            return tp.all_reduce(_copy(x), "fwd")
         ctx.mark_dirty(x)  # reduced in place: a layer's fresh output, which nothing else holds
         return tp.all_reduce(x, "fwd")
 

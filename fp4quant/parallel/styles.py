@@ -3,6 +3,10 @@
     from torch.distributed.tensor.parallel import parallelize_module
     from fp4quant.parallel.styles import CompressedColwiseParallel, CompressedRowwiseParallel, start_step
     parallelize_module(model, tp_mesh, {"w1": CompressedColwiseParallel(), "w2": CompressedRowwiseParallel()})
+    # several column-parallel layers on one input (q, k, v; gate, up): prepare it once, at the block
+    parallelize_module(model, tp_mesh, {"attn": CompressedPrepareModuleInput(input_layouts=Replicate(),
+                                                                             desired_input_layouts=Replicate()),
+                                        "attn.q": CompressedColwiseParallel(), ...})
     for step in ...:
         start_step(model, step)          # key the stochastic-rounding streams by the step
         loss = model(x).sum(); loss.backward(); optimizer.step()
@@ -15,14 +19,30 @@ fp4quant.parallel.mappings on local tensors: DTensor's ``Partial -> Replicate`` 
 the forward, and the backward's input-gradient reduction must be compressed too.
 
   colwise  forward: identity (Replicate input) or all-gather of the sequence (Shard input);
-           backward: all-reduce ("bwd") or reduce-scatter ("bwd") of the input gradient
+           backward: all-reduce ("bwd") or reduce-scatter ("bwd") of the input gradient.
+           A Replicate DTensor input is taken as prepared: its gradient goes back partial,
+           to be reduced once by the DTensor's producer (as the stock ColwiseParallel does)
+  input    CompressedPrepareModuleInput: the block-level input of a module whose column-parallel
+           layers share one input (attention: q, k, v; a gated MLP: gate, up).  Each chosen
+           input becomes a Replicate DTensor (forward: identity, or all-gather of a Shard
+           input, "fwd") that owns one reduction of its consumers' summed partial gradients
+           (all-reduce or reduce-scatter, "bwd"): one backward collective per block, not one
+           per projection (Megatron's and torchtitan's traffic)
   rowwise  forward: all-reduce ("fwd") to Replicate or reduce-scatter ("fwd") to Shard;
            backward: identity or all-gather ("bwd"); the bias is added after the reduction
   sequence its input, when a Partial DTensor, is reduce-scattered ("fwd"; all-gather "bwd");
            otherwise it is the stock SequenceParallel (it sends nothing itself)
 
 What stays exact (stock DTensor): a colwise output gathered to Replicate (lm_head's logits:
-no backward traffic), and the reductions of replicated parameters' gradients.
+no backward traffic), the reductions of replicated parameters' gradients, and the backward
+reduction of a Replicate DTensor made by something else (a stock PrepareModuleInput, a
+user's ``DTensor.from_local``): its producer reduces, as it would for the stock styles.
+
+Who reduces the gradient of a replicated input, in one rule: a plain tensor declared
+Replicate is reduced by the column-parallel layer that consumes it; a Replicate DTensor by
+whoever made it.  A Replicate DTensor made by these styles (CompressedPrepareModuleInput, a
+rowwise output with ``use_local_output=False``) takes a partial gradient (summed over its
+consumers, then reduced once, compressed) or a full one (nothing sent).
 
 Every style applied with one mesh and one CommConfig goes through one TPCommunicator,
 kept on the mesh object (``communicator``); it owns the random streams of stochastic
@@ -41,8 +61,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
 
 from .communicator import CommConfig, TPCommunicator
 from .layers import vocab_shard_lookup
@@ -132,9 +157,72 @@ def _scatter(x: torch.Tensor, dim: int, tp: TPCommunicator) -> torch.Tensor:
     return scatter_to_sp(x.movedim(dim, 0).contiguous(), tp).movedim(0, dim)
 
 
+def _partial_sum(placement) -> bool:
+    return isinstance(placement, Partial) and getattr(placement, "reduce_op", "sum") == "sum"
+
+
+class _Replicated(torch.autograd.Function):
+    """A local tensor -> the full tensor as a Replicate DTensor that owns its gradient's reduction.
+
+    layout Replicate: forward identity; Shard(dim): compressed all-gather along dim ("fwd").
+    Backward, by the gradient's placement: Partial (the column-parallel consumers' partial
+    input gradients, summed by autograd) -> one compressed all-reduce / reduce-scatter
+    ("bwd"); Replicate (a full gradient: DTensor ops) -> nothing sent (this rank's slice for a
+    Shard layout); another placement -> DTensor's own redistribution to Replicate first.
+    """
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, tp: TPCommunicator, mesh: DeviceMesh, layout):
+        ctx.tp, ctx.layout = tp, layout
+        ctx.set_materialize_grads(False)
+        if isinstance(layout, Shard):
+            full = tp.all_gather(local.movedim(layout.dim, 0).contiguous(), "fwd").movedim(0, layout.dim)
+        else:
+            full = local.view_as(local)  # a fresh tensor object sharing local's memory, as from_local makes
+        return DTensor.from_local(full, mesh, (Replicate(),), run_check=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad is None:
+            return None, None, None, None
+        tp, layout = ctx.tp, ctx.layout
+        partial = isinstance(grad, DTensor) and _partial_sum(grad.placements[0])
+        if isinstance(grad, DTensor):
+            grad = grad.to_local() if partial or grad.placements[0].is_replicate() else grad.full_tensor()
+        if isinstance(layout, Shard):
+            moved = grad.movedim(layout.dim, 0)
+            if partial:
+                local = tp.reduce_scatter(moved.contiguous(), "bwd")
+            else:
+                n = moved.shape[0] // tp.world
+                local = moved[tp.rank * n:(tp.rank + 1) * n]
+            return local.movedim(0, layout.dim), None, None, None
+        if partial:  # a copy: autograd may hand the same gradient buffer to other consumers
+            grad = tp.all_reduce(grad.clone(memory_format=torch.contiguous_format), "bwd")
+        return grad, None, None, None
+
+
+@torch.compiler.disable  # the collectives run eagerly, in call order: the streams stay the eager run's
+def _prepared(x, layout, tp: TPCommunicator, mesh: DeviceMesh, what: str) -> DTensor:
+    """A module input as a Replicate DTensor that owns the reduction of its gradient (_Replicated);
+    a Replicate DTensor already is prepared (its producer reduces), and is passed as it is."""
+    if isinstance(x, DTensor) and x.device_mesh.ndim == 1 and x.placements[0].is_replicate():
+        return x
+    local, layout = _unwrap(x, layout, what)
+    if isinstance(layout, Shard):
+        layout = Shard(_dim(layout, local.dim()))
+    elif not isinstance(layout, Replicate):
+        raise ValueError(f"{what}: input placement {layout} is not supported (Replicate or Shard)")
+    return _Replicated.apply(local, tp, mesh, layout)
+
+
 @torch.compiler.disable  # the collectives run eagerly, in call order: the streams stay the eager run's
 def _replicated_input(x, layout, tp: TPCommunicator, what: str) -> torch.Tensor:
-    """The full input of a column-parallel layer; its gradient is reduced (compressed) backward."""
+    """The full input of a column-parallel layer.  Its gradient is reduced (compressed) backward
+    here for a plain tensor or a Shard DTensor; a Replicate DTensor is a prepared input (a
+    block-level input style made it): its producer reduces the gradient, once for all its consumers."""
+    if isinstance(x, DTensor) and x.device_mesh.ndim == 1 and x.placements[0].is_replicate():
+        return x.to_local(grad_placements=(Partial(),))  # prepared: the partial gradient goes back
     local, layout = _unwrap(x, layout, what)
     if isinstance(layout, Replicate):
         return copy_to_tp(local, tp)
@@ -153,8 +241,12 @@ def _reduced_output(y: torch.Tensor, layout, tp: TPCommunicator, what: str) -> t
     raise ValueError(f"{what}: output placement {layout} is not supported (Replicate or Shard)")
 
 
-def _wrap(y: torch.Tensor, layout, mesh: DeviceMesh, use_local_output: bool):
-    return y if use_local_output else DTensor.from_local(y, mesh, (layout,), run_check=False)
+def _wrap(y: torch.Tensor, layout, mesh: DeviceMesh, use_local_output: bool, tp: TPCommunicator | None = None):
+    if use_local_output:
+        return y
+    if tp is not None and isinstance(layout, Replicate):  # a reduced output, which reduces a partial gradient
+        return _prepared(y, Replicate(), tp, mesh, "the output")
+    return DTensor.from_local(y, mesh, (layout,), run_check=False)
 
 
 def _check_divides(n: int, tp: int, what: str, unit: tuple[int, str] | None) -> None:
@@ -220,7 +312,7 @@ def _rowwise_forward(module: nn.Module, style: CompressedRowwiseParallel, kind: 
     bias = getattr(module, "bias", None) if kind == "linear" else None
     if bias is not None:  # once, after the reduction; with a sharded output each rank's gradient is partial
         y = y + _local(bias, Partial() if isinstance(out_layout, Shard) else None)
-    return _wrap(y, out_layout, mesh, style.use_local_output)
+    return _wrap(y, out_layout, mesh, style.use_local_output, tp)
 
 
 @torch.compiler.disable  # the collectives run eagerly, in call order: the streams stay the eager run's
@@ -324,3 +416,78 @@ class CompressedSequenceParallel(_Compressed, SequenceParallel):
         return distribute_module(module, device_mesh, self._replicate_module_fn,
                                  partial(_sequence_input, self, tp),
                                  partial(SequenceParallel._prepare_output_fn, self.use_local_output))
+
+
+def _prepare_inputs(style: CompressedPrepareModuleInput, tp: TPCommunicator, mesh: DeviceMesh, module: nn.Module,
+                    args: tuple, kwargs: dict):
+    what = f"{type(style).__name__} on {type(module).__name__}"
+    if style.input_layouts is not None:
+        if len(args) != len(style.input_layouts):
+            raise ValueError(f"{what}: the module got {len(args)} positional inputs, input_layouts has "
+                             f"{len(style.input_layouts)} (None for an input to leave as it is)")
+        args = tuple(style._prepare(x, layout, tp, mesh, what) for x, layout in zip(args, style.input_layouts))
+    for name, layout in style.input_kwarg_layouts.items():
+        if name in kwargs:
+            kwargs[name] = style._prepare(kwargs[name], layout, tp, mesh, f"{what}, input {name!r}")
+    return args, kwargs
+
+
+class CompressedPrepareModuleInput(_Compressed, PrepareModuleInput):
+    """PrepareModuleInput that makes a block's input replicated with ONE compressed backward
+    reduction, for the column-parallel layers inside the block that all consume it (attention's
+    q, k, v; a gated MLP's gate and up), as Megatron's and torchtitan's block-level input does.
+
+    The stock arguments (``input_layouts`` / ``desired_input_layouts`` by position,
+    ``input_kwarg_layouts`` / ``desired_input_kwarg_layouts`` by name, None for an input left
+    as it is, ``use_local_output``), plus ``comm``.  The desired layout is Replicate; the input
+    layout Replicate (the block's input is already whole on every rank: forward sends nothing,
+    backward all-reduces the summed partial gradients) or Shard(dim) (sequence parallel: a
+    compressed all-gather forward, a reduce-scatter backward).  A DTensor input brings its own
+    placement; one already Replicate is passed as it is (its producer reduces its gradient).
+
+    The prepared input is a Replicate DTensor (``use_local_output=False``, the default, as the
+    stock style's): the column-parallel layers inside take it without a reduction of their
+    own and send their partial input gradients back to it.  With ``use_local_output=True`` the
+    module gets a plain tensor whose gradient must come back whole (the consumers then reduce
+    it themselves: this saves nothing; it is the stock style's meaning of the flag).
+    """
+
+    def __init__(self, *, input_layouts=None, desired_input_layouts=None, input_kwarg_layouts=None,
+                 desired_input_kwarg_layouts=None, use_local_output: bool = False,
+                 comm: CommConfig | str | None = None):
+        if isinstance(input_layouts, Placement):
+            input_layouts = (input_layouts,)
+        # the desired layouts may be left out: the one this style makes is Replicate
+        if input_layouts is not None and desired_input_layouts is None:
+            desired_input_layouts = tuple(None if p is None else Replicate() for p in input_layouts)
+        if input_kwarg_layouts is not None and desired_input_kwarg_layouts is None:
+            desired_input_kwarg_layouts = {k: None if p is None else Replicate()
+                                           for k, p in input_kwarg_layouts.items()}
+        super().__init__(input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
+                         input_kwarg_layouts=input_kwarg_layouts,
+                         desired_input_kwarg_layouts=desired_input_kwarg_layouts, use_local_output=use_local_output)
+        self._init_comm(comm)
+        pairs = list(zip(self.input_layouts or (), self.desired_input_layouts or ()))
+        pairs += [(p, self.desired_input_kwarg_layouts.get(k)) for k, p in self.input_kwarg_layouts.items()]
+        for layout, desired in pairs:
+            if layout is None:
+                continue
+            if not isinstance(layout, (Replicate, Shard)):
+                raise ValueError(f"{type(self).__name__}: input placement {layout} is not supported "
+                                 f"(Replicate or Shard)")
+            if not isinstance(desired, Replicate):
+                raise ValueError(f"{type(self).__name__}: the desired input layout must be Replicate (the input of "
+                                 f"column-parallel layers), got {desired}")
+
+    def _prepare(self, x, layout, tp: TPCommunicator, mesh: DeviceMesh, what: str):
+        """One input: left as it is (layout None), else prepared (the desired layout is Replicate)."""
+        if layout is None or x is None:
+            return x
+        out = _prepared(x, layout, tp, mesh, what)
+        return out.to_local() if self.use_local_output else out
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        check_mesh(device_mesh)
+        tp = self._communicator(module, device_mesh)
+        module.register_forward_pre_hook(partial(_prepare_inputs, self, tp, device_mesh), with_kwargs=True)
+        return module

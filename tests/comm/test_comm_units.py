@@ -182,6 +182,8 @@ def test_stats_recorder(monkeypatch):
     assert s["fwd"]["quantize_s"] == pytest.approx(0.002) and s["fwd"]["dequantize_s"] == pytest.approx(0.001)
     assert s["fwd"]["codec_s"] == pytest.approx(s["fwd"]["quantize_s"] + s["fwd"]["dequantize_s"], rel=1e-12)
     assert s["fwd"]["total_s"] == pytest.approx(0.003)
+    assert counters.traffic() == {"fwd": {"calls": 1, "bytes_sent": 10, "bytes_uncompressed": 40},
+                                  "bwd": {"calls": 0, "bytes_sent": 0, "bytes_uncompressed": 0}}
     s["fwd"]["calls"] = 99  # a copy
     assert counters.stats()["fwd"]["calls"] == 1
     counters.reset_stats()
@@ -191,7 +193,7 @@ def test_stats_recorder(monkeypatch):
 def test_the_recorder_keeps_its_spans_once_taken(monkeypatch):
     clock = [10.0]
     monkeypatch.setattr(counters, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(counters, "_keep_spans", False)
+    monkeypatch.setattr(counters._COUNTERS, "keep_spans", False)
     counters.reset_stats()
 
     def call(key: str, parts: list[float]) -> None:
@@ -215,3 +217,24 @@ def test_the_recorder_keeps_its_spans_once_taken(monkeypatch):
     counters.reset_stats()
     assert counters.take_spans() == {}
     counters.reset_stats()
+
+
+def test_each_thread_counts_its_own_calls():
+    """A simulated rank (a thread) logs its own traffic, not the sum over the ranks."""
+    import threading
+
+    counters.reset_stats()
+    seen = {}
+
+    def rank(n: int) -> None:
+        for _ in range(n):
+            counters.Recorder("fwd", torch.device("cpu")).commit()
+        seen[n] = counters.stats()["fwd"]["calls"]
+
+    threads = [threading.Thread(target=rank, args=(n,)) for n in (2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {2: 2, 3: 3}
+    assert counters.stats() == {}  # this thread's: untouched

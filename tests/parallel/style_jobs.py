@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 
 import torch
@@ -12,14 +13,17 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fp4quant import comm
 from fp4quant.parallel.styles import (
     CompressedColwiseParallel,
+    CompressedPrepareModuleInput,
     CompressedRowwiseParallel,
     CompressedSequenceParallel,
     communicators,
@@ -106,6 +110,126 @@ def step_results(model, ids, labels, run=None):
     return {"logits": _full(logits).detach(), "loss": loss.detach(), "grads": grads}
 
 
+class GatedMLP(nn.Module):
+    """Two column-parallel layers on one input (a gated MLP's gate and up), one row-parallel."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(DIM, HIDDEN)
+        self.w3 = nn.Linear(DIM, HIDDEN, bias=False)
+        self.w2 = nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class GatedBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.mlp = GatedMLP()
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class GatedNet(Net):
+    """Net with gated MLP blocks: the block-level input's test model."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        torch.manual_seed(seed + 1)
+        self.blocks = nn.ModuleList(GatedBlock() for _ in range(LAYERS))
+
+
+def gated_plan(kind: str, comm_spec="exact"):
+    """A TP plan of GatedNet.  "per-projection": w1 and w3 each reduce their input gradient;
+    "block" / "block-sp": the MLP's input prepared once (Replicate / sequence-sharded input);
+    "block-local": prepared with use_local_output=True (the projections then reduce);
+    "block-stock": torchtitan's stock plan; "block-stock-input": the stock PrepareModuleInput
+    before the compressed projections."""
+    col = partial_style(CompressedColwiseParallel, True, comm_spec)
+    row = partial_style(CompressedRowwiseParallel, True, comm_spec)
+    if kind == "block-stock":
+        col, row = ColwiseParallel, RowwiseParallel
+    plan = {"emb": row(input_layouts=Replicate()), "blocks.*.mlp.w1": col(), "blocks.*.mlp.w3": col(),
+            "blocks.*.mlp.w2": row(), "head": col(output_layouts=Replicate())}
+    if kind == "block":
+        plan["blocks.*.mlp"] = CompressedPrepareModuleInput(input_layouts=Replicate(), comm=comm_spec)
+    elif kind == "block-local":
+        plan["blocks.*.mlp"] = CompressedPrepareModuleInput(input_layouts=Replicate(), use_local_output=True,
+                                                            comm=comm_spec)
+    elif kind in ("block-stock", "block-stock-input"):
+        plan["blocks.*.mlp"] = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Replicate())
+    elif kind == "block-sp":
+        seq = partial_style(CompressedSequenceParallel, True, comm_spec)
+        plan = {"emb": row(input_layouts=Replicate(), output_layouts=Shard(1)), "blocks.*.norm": seq(),
+                "blocks.*.mlp": CompressedPrepareModuleInput(input_layouts=Shard(1), comm=comm_spec),
+                "blocks.*.mlp.w1": col(), "blocks.*.mlp.w3": col(), "blocks.*.mlp.w2": row(output_layouts=Shard(1)),
+                "norm": seq(), "head": col(input_layouts=Shard(1), output_layouts=Replicate())}
+    else:
+        assert kind == "per-projection"
+    return plan
+
+
+class Collectives(TorchDispatchMode):
+    """Counts the collectives dispatched while active, by op name: torch.distributed's own
+    (c10d: fp4quant's exact wire) and the functional ones of DTensor's redistributions."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in ("c10d", "_c10d_functional"):
+            self.counts[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def traced_results(model, ids, labels):
+    """step_results, with fp4quant's statistics and the collectives any layer (DTensor's own
+    included) called in the forward and backward."""
+    comm.reset_stats()
+    start_step(model, 0)
+    with Collectives() as mode:
+        logits = _full(model(ids))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+    grads = {n: _full(p.grad).detach().clone() for n, p in model.named_parameters()}
+    return {"logits": logits.detach(), "loss": loss.detach(), "grads": grads, "stats": comm.stats(),
+            "collectives": dict(mode.counts)}
+
+
+def gated_forward_backward(rank, world, kinds, comm_spec="exact"):
+    """GatedNet whole in one process, then under each plan of gated_plan."""
+    mesh = init_device_mesh("cpu", (world,))
+    ids, labels = batch()
+    out = {"single": step_results(GatedNet(), ids, labels)}
+    for kind in kinds:
+        model = parallelize_module(GatedNet(), mesh, gated_plan(kind, comm_spec))
+        out[kind] = traced_results(model, ids, labels)
+    return out
+
+
+def dtensor_producers(rank, world, comm_spec="exact"):
+    """Row-parallel outputs kept as Replicate DTensors (use_local_output=False) feeding
+    column-parallel layers: the colwise layers take them prepared, and each producer reduces
+    its consumer's partial gradient once."""
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    whole = nn.Sequential(nn.Embedding(VOCAB, DIM), nn.Linear(DIM, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, DIM),
+                          nn.Linear(DIM, VOCAB))
+    ids, labels = batch()
+    out = {"single": step_results(copy.deepcopy(whole), ids, labels)}
+    model = parallelize_module(copy.deepcopy(whole), mesh, {
+        "0": CompressedRowwiseParallel(input_layouts=Replicate(), use_local_output=False, comm=comm_spec),
+        "1": CompressedColwiseParallel(comm=comm_spec),
+        "3": CompressedRowwiseParallel(use_local_output=False, comm=comm_spec),
+        "4": CompressedColwiseParallel(output_layouts=Replicate(), comm=comm_spec)})
+    out["tp"] = traced_results(model, ids, labels)
+    return out
+
+
 def forward_backward(rank, world, kinds, comm_spec="exact"):
     """Logits and every parameter's full gradient: one process's whole model, then each plan."""
     mesh = init_device_mesh("cpu", (world,))
@@ -185,6 +309,11 @@ def compiled(rank, world, comm_spec):
     return {"ref": ref, "got": got}
 
 
+class Two(nn.Module):
+    def forward(self, x, y):
+        return x + y
+
+
 def bad_inputs(rank, world):
     """The one-line errors of bad input, by case."""
     errors = {}
@@ -209,6 +338,8 @@ def bad_inputs(rank, world):
     record("preset", lambda: CompressedRowwiseParallel(comm="fp5"))
     model = parallelize_module(nn.Sequential(nn.Linear(8, 8)), mesh, {"0": CompressedRowwiseParallel()})
     record("rowwise_input", lambda: model(DTensor.from_local(torch.ones(2, 8), mesh, (Replicate(),))))
+    two = parallelize_module(Two(), mesh, CompressedPrepareModuleInput(input_layouts=Replicate()))
+    record("prepare_count", lambda: two(torch.ones(2), torch.ones(2)))
     dist.barrier()
     return errors
 

@@ -25,11 +25,17 @@ from fp4quant.bench.error import nmse
 from fp4quant.bench.tensors import make
 from fp4quant.format.config import QuantConfig
 from fp4quant.parallel import CommConfig
-from fp4quant.parallel.styles import CompressedColwiseParallel, CompressedRowwiseParallel, comm_config
+from fp4quant.parallel.styles import (
+    CompressedColwiseParallel,
+    CompressedPrepareModuleInput,
+    CompressedRowwiseParallel,
+    comm_config,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
 KINDS = ["stock", "compressed", "sp-stock", "sp-compressed", "mixed"]
+GATED = ["per-projection", "block", "block-sp", "block-local", "block-stock", "block-stock-input"]
 
 
 def close(a, b, tol=1e-5):
@@ -65,6 +71,60 @@ def test_mixed_plan_compresses_only_its_compressed_modules(exact):
     stats = exact[0]["mixed"]["stats"]
     # blocks.1.w2 all-reduces forward; blocks.0.w1 and the head reduce their input gradients
     assert stats["fwd"]["calls"] == 1 and stats["bwd"]["calls"] == 2
+
+
+def calls(out) -> tuple[int, int]:
+    return tuple(out["stats"].get(d, {}).get("calls", 0) for d in ("fwd", "bwd"))
+
+
+def test_block_input_reduces_a_shared_input_gradient_once():
+    """Gated MLP blocks (w1 and w3 on one input), exact wire: every plan gives the one-process
+    logits and gradients; the block-level input sends one backward reduction per block where
+    the per-projection plan sends one per column-parallel layer."""
+    for out in run_ranks("parallel.style_jobs:gated_forward_backward", 2, dict(kinds=GATED), timeout=240):
+        single = out["single"]
+        for kind in GATED:
+            assert close(out[kind]["logits"], single["logits"]), kind
+            for name, g in single["grads"].items():
+                assert close(out[kind]["grads"][name], g), (kind, name)
+        # 2 blocks; forward: the embedding's and each w2's reduction; backward: the head's input
+        # gradient, then per block w1's and w3's (per projection) or the block input's (block)
+        assert calls(out["per-projection"]) == (3, 5)
+        assert calls(out["block"]) == (3, 3)
+        # sequence parallel: embedding reduce-scatter, per block an all-gather and a reduce-scatter,
+        # the head's all-gather; backward the conjugate of each (one reduce-scatter per block input)
+        assert calls(out["block-sp"]) == (6, 6)
+        # use_local_output=True: the module gets a plain tensor, its projections reduce (stock meaning)
+        assert calls(out["block-local"]) == (3, 5)
+        # a stock PrepareModuleInput made the block input: DTensor reduces it, exactly and once
+        assert calls(out["block-stock-input"]) == (3, 1)
+        assert out["block-stock-input"]["collectives"]["all_reduce"] == 2
+        # nothing else crosses the wire: the exact wire's all-reduces are the counted ones, and
+        # DTensor's own collectives are only the head's gathered logits
+        for kind in ("block", "per-projection"):
+            collectives = out[kind]["collectives"]
+            assert collectives.pop("allreduce_") == sum(calls(out[kind])), kind
+            assert collectives.pop("all_gather_into_tensor") == 1, (kind, collectives)
+            assert "all_reduce" not in collectives, (kind, collectives)
+
+
+def test_row_outputs_kept_as_dtensors_reduce_their_consumers_partial_gradients():
+    """A rowwise output with use_local_output=False is a Replicate DTensor: the colwise layer
+    after it takes it as prepared, and the producer reduces the partial gradient (compressed)."""
+    for out in run_ranks("parallel.style_jobs:dtensor_producers", 2, timeout=240):
+        assert close(out["tp"]["logits"], out["single"]["logits"])
+        for name, g in out["single"]["grads"].items():
+            assert close(out["tp"]["grads"][name], g), name
+        assert calls(out["tp"]) == (2, 2)
+        assert "all_reduce" not in out["tp"]["collectives"]  # no exact DTensor reduction
+
+
+def test_mappings_reduce_views_out_of_place():
+    """reduce_from_tp on a DTensor.to_local() view inside autograd (which autograd forbids to
+    modify in place), a leaf that requires grad, a slice, a transpose; a fresh output still in place."""
+    for out in run_ranks("parallel.rank_jobs:reduce_views", 2, timeout=200):
+        for case, result in out.items():
+            assert result == "ok", (case, result)
 
 
 def eps(config: QuantConfig, numel: int = 1 << 18, seeds: int = 3) -> float:
@@ -127,6 +187,7 @@ def test_bad_input_gets_one_clear_error():
         "comm": "TypeError: comm must be a CommConfig or a preset name, got int",
         "preset": "fp5",
         "rowwise_input": "must be sharded on its last dimension",
+        "prepare_count": "CompressedPrepareModuleInput on Two: the module got 2 positional inputs, input_layouts has 1",
     }
     for case, text in expected.items():
         assert errors[case] is not None and text in errors[case], (case, errors[case])
@@ -134,9 +195,19 @@ def test_bad_input_gets_one_clear_error():
 
 
 def test_styles_keep_the_stock_arguments():
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
     col = CompressedColwiseParallel(use_local_output=False, comm="exact")
     assert col.comm == CommConfig() and not col.use_local_output
     assert "comm=" in repr(CompressedRowwiseParallel())
+    block = CompressedPrepareModuleInput(input_layouts=(Shard(1), None), input_kwarg_layouts={"h": Replicate()})
+    assert block.desired_input_layouts == (Replicate(), None)
+    assert block.desired_input_kwarg_layouts == {"h": Replicate()}
+    assert not block.use_local_output and block.comm == comm_config(None)
+    with pytest.raises(ValueError, match="the desired input layout must be Replicate"):
+        CompressedPrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(0))
+    with pytest.raises(ValueError, match=r"input placement .* is not supported \(Replicate or Shard\)"):
+        CompressedPrepareModuleInput(input_kwarg_layouts={"h": Partial()})
 
 
 def test_dp_x_tp_on_four_ranks_equals_one_process():
