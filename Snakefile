@@ -53,6 +53,7 @@ include: "workflow/rules/throughput.smk"
 include: "workflow/rules/results.smk"
 include: "workflow/rules/paper.smk"
 include: "workflow/rules/study.smk"
+include: "workflow/rules/study_tp.smk"
 
 
 rule all:

@@ -1,4 +1,4 @@
-"""`python -m fp4quant.analysis collect|throughput|ablation|figure|table|freeze ...`: the workflow's analysis steps.
+"""`python -m fp4quant.analysis collect|throughput|ablation|study|study-tp|figure|table|freeze ...`: the workflow's analysis steps.
 
 Each step first checks that its inputs come from one machine, commit and torch version
 (.origin), and that the training runs it puts side by side are complete and belong together
@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..provenance import atomic_write_csv, atomic_write_text
-from . import claims, collect, figures, study, tables, throughput, tradeoff
-from .comparable import Incomparable, check_complete, check_runs
+from . import claims, collect, figures, study, study_tp, tables, throughput, tradeoff
+from .comparable import TP_VARIED, Incomparable, check_complete, check_runs
 from .figures import FIGURES, STUDY_FIGURES
 from .freeze import freeze
 from .origin import MixedOrigin, check_same_origin
@@ -105,6 +105,28 @@ def cmd_study(a) -> None:
     _write(collect.training(a.runs, a.profile), Path(a.tables_dir) / "training.csv")
     _write(collect.curves(a.runs, a.profile), Path(a.tables_dir) / "curves.csv")
     print(study.markdown(table, conv), file=sys.stderr)
+
+
+def cmd_study_tp(a) -> None:
+    """The TP-degree study's results: its runs (tp_convergence.csv), their summary against BF16
+    at each TP with the equivalence verdicts (CSV and Markdown), and the loss-gap figure."""
+    check_complete(a.runs)
+    check_same_origin(run_inputs(a.runs))
+    check_runs(a.runs, also_varied=TP_VARIED)
+    out = Path(a.out_dir)
+    conv = study.runs(a.runs, a.profile)
+    table = study_tp.summary(conv, a.margin, a.order)
+    text = study_tp.markdown(table, conv, study_tp.controls(conv, a.margin))
+    _write(conv, out / "tp_convergence.csv")
+    _write(table, out / "tp_summary.csv")
+    atomic_write_text(out / "tp_summary.md", text)
+    study_tp.loss_gap_figure(table, conv, a.figure, a.profile)
+    print(text, file=sys.stderr)
+
+
+def cmd_study_tp_sqnr(a) -> None:
+    check_same_origin([Path(a.summary)])
+    study_tp.sqnr_figure(pd.read_csv(a.summary), a.out, a.profile)
 
 
 def check_inputs(a) -> None:
@@ -207,6 +229,17 @@ def main(argv=None) -> int:
     s.add_argument("--order", nargs="*", default=[], help="the configurations' order in the summary")
     s.add_argument("--out-dir", required=True, help="convergence.csv, convergence_summary.csv and .md")
     s.add_argument("--tables-dir", required=True, help="training.csv and curves.csv (the convergence figure's)")
+    st = sub.add_parser("study-tp", help="the TP-degree study's results and loss-gap figure from its run folders")
+    st.add_argument("--profile", required=True)
+    st.add_argument("--runs", nargs="+", required=True, help="training run folders (each with summary.json)")
+    st.add_argument("--order", nargs="*", default=[], help="the configurations' order in the summary")
+    st.add_argument("--margin", type=float, required=True, help="the equivalence margin (nats), declared before the runs")
+    st.add_argument("--out-dir", required=True, help="tp_convergence.csv, tp_summary.csv and .md")
+    st.add_argument("--figure", required=True, help="the loss gap against TP (PDF)")
+    sq = sub.add_parser("study-tp-sqnr", help="the SQNR of the all-reduced traffic against TP (a figure)")
+    sq.add_argument("--profile", required=True)
+    sq.add_argument("--summary", required=True, help="bench.reduced_error's summary CSV")
+    sq.add_argument("--out", required=True)
     f = sub.add_parser("figure", help="one of the paper's figures")
     f.add_argument("name", choices=list(dict.fromkeys(FIGURES + STUDY_FIGURES)))
     f.add_argument("--traffic", default=None,
@@ -240,7 +273,7 @@ def main(argv=None) -> int:
                   f"into {a.to}", file=sys.stderr)
         else:
             {"collect": cmd_collect, "throughput": cmd_throughput, "ablation": cmd_ablation, "study": cmd_study,
-             "figure": cmd_figure, "table": cmd_table}[a.command](a)
+             "study-tp": cmd_study_tp, "study-tp-sqnr": cmd_study_tp_sqnr, "figure": cmd_figure, "table": cmd_table}[a.command](a)
     except (MixedOrigin, Incomparable, FileNotFoundError, FileExistsError, ValueError, study.StudyError) as exc:
         print(f"fp4quant.analysis: error: {exc}", file=sys.stderr)
         return 2

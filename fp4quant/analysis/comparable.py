@@ -99,16 +99,21 @@ def differences(idents: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, 
     return found
 
 
-def check_runs(run_dirs: Iterable[str | Path]) -> None:
-    """The runs are complete and belong together (see the module's docstring); otherwise one line
-    naming the first field that differs, its values and runs, and the other fields that differ."""
+# what the TP-degree study varies besides VARIED: the TP degree, and the TP = 1 control of BF16's rounding
+TP_VARIED = ("tp", "mesh.tp", "rounding_alone")
+
+
+def check_runs(run_dirs: Iterable[str | Path], also_varied: tuple[str, ...] = ()) -> None:
+    """The runs are complete and belong together (see the module's docstring), differing only in
+    VARIED and ``also_varied``; otherwise one line naming the first field that differs, its values
+    and runs, and the other fields that differ."""
     runs = [Path(d) for d in run_dirs]
     check_complete(runs)
-    found = differences({str(d): read_identity(d) for d in runs})
+    found = [(f, v) for f, v in differences({str(d): read_identity(d) for d in runs}) if f not in also_varied]
     if not found:
         return
     field, values = found[0]
     shown = " vs ".join(f"{v} ({_runs(r)})" for v, r in values.items())
     also = f"; they also differ in {', '.join(f for f, _ in found[1:])}" if len(found) > 1 else ""
     raise Incomparable(f"runs differ in {field}: {shown}{also}; runs compared with each other may differ only "
-                       f"in {', '.join(VARIED)}")
+                       f"in {', '.join(VARIED + also_varied)}")

@@ -49,7 +49,7 @@ def wire_bits_per_value(config: str, device: str) -> float:
     """Bits per value on the wire of a run name, averaged over the two directions (they carry the
     same number of values, fp4quant.perfmodel.model): the format's QuantConfig.bits_per_value
     where that direction is compressed, else 16 (BF16); exact sends the tensors' own dtype."""
-    comm, compress, _ = parse_run_name(config)
+    comm, compress, _ = parse_run_name(config.replace("-alone", "", 1))  # -alone: the rounding, nothing sent
     if comm == "exact":
         return float(DTYPE_BITS[device])
     q = QuantConfig.preset(comm)
@@ -69,7 +69,8 @@ def runs(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
             raise StudyError(f"{d}: a validation batch's loss is not finite")
         sent = s["fwd_bytes_sent"] + s["bwd_bytes_sent"]  # measured, beside the format's nominal bits
         rows.append({
-            "config": series(s), "seed": cfg["seed"], "steps": s["steps"],
+            "config": series(s), "tp": s["mesh"]["tp"], "seed": cfg["seed"], "steps": s["steps"],
+            "ranks": s["mesh"].get("backend") or "one process",  # gloo, nccl, simulated (threads of one process)
             "tokens": s["steps"] * cfg["seq_len"] * cfg["batch_size"] * s["mesh"]["dp"],
             "final_val_loss": s["val_loss"], "val_se": standard_error(batches), "val_batches": len(batches),
             "final_train_loss": s["final_loss"],
@@ -80,9 +81,9 @@ def runs(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
             **{k: s["provenance"][k] for k in PROVENANCE_COLUMNS},
         })
     df = pd.DataFrame(rows)
-    dup = df[df.duplicated(["config", "seed"])]
+    dup = df[df.duplicated(["config", "tp", "seed"])]
     if len(dup):
-        raise StudyError(f"two runs of {dup.config.iloc[0]} seed {dup.seed.iloc[0]}")
+        raise StudyError(f"two runs of {dup.config.iloc[0]} at TP {dup.tp.iloc[0]} seed {dup.seed.iloc[0]}")
     return df
 
 

@@ -24,6 +24,7 @@ from . import validate as vd
 from .algorithms import Call
 from .counters import Recorder
 from .layout import NodeLayout
+from .local import is_local
 from .options import Options
 from .streams import RandomStreams
 from .wire import Wire
@@ -39,6 +40,8 @@ WireSpec = Wire | QuantConfig | str | None
 
 def _backend(group: dist.ProcessGroup | None, device: torch.device) -> str:
     """The backend that carries ``device``'s tensors ("cpu:gloo,cuda:nccl" -> "nccl" for CUDA)."""
+    if is_local(group):
+        return "local"
     name = str(dist.get_backend(group))
     if ":" not in name:
         return name
@@ -67,10 +70,10 @@ def _prepare(name: str, group, options: Options, streams: RandomStreams | None, 
     validate across ranks if asked (``fields``: the tensors and arguments compared), and build
     the call: chunked for ``numel`` values of ``sizing``'s dtype, timed on its device.
     (None, None) when this rank is not in the group."""
-    rank = dist.get_rank(group)
+    rank = group.rank if is_local(group) else dist.get_rank(group)
     if rank < 0:
         return None, None
-    world = dist.get_world_size(group)
+    world = group.world if is_local(group) else dist.get_world_size(group)
     error: Exception | None = None
     wire: Wire | None = None
     checked = None
@@ -209,8 +212,11 @@ def _all_reduce(tensor: torch.Tensor, call: Call, op_name: str, layout: NodeLayo
             rec.bytes_sent = rec.bytes_uncompressed
             with rec.comm():
                 rec.wire(2 * (world - 1))  # a ring: reduce-scatter then all-gather
-                dist.all_reduce(flat, op=dist.ReduceOp.MAX if op_name == "max" else dist.ReduceOp.SUM,
-                                group=call.group)
+                if is_local(call.group):
+                    call.group.all_reduce(flat, op_name)
+                else:
+                    dist.all_reduce(flat, op=dist.ReduceOp.MAX if op_name == "max" else dist.ReduceOp.SUM,
+                                    group=call.group)
         elif algo == "hierarchical":
             algorithms.hierarchical(flat, call, layout)
         else:
@@ -258,6 +264,8 @@ def _shard_collective(input: torch.Tensor, output: torch.Tensor, call: Call, gat
                 rec.wire(world - 1)
                 if gathers:  # bit-identical to torch's all-gather; receive-first on gloo
                     exchange.all_gather(flat, src, group=call.group)
+                elif is_local(call.group):
+                    call.group.reduce_scatter(flat, src)
                 else:  # torch's (gloo: a ring all-reduce of the whole input, 2x the bytes counted)
                     _quiet(reduce_scatter_flat, flat, src, group=call.group)
         elif gathers:

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .local import is_local
+
 # The tag of the exchanges' transfers (0x4650: "FP"); no other point-to-point traffic on the
 # group may use it.  Transfers with one tag match in the order posted, which the collectives
 # keep the same on every rank.
@@ -121,10 +123,12 @@ def all_to_all(recv: torch.Tensor, send: torch.Tensor, group: Any = None, async_
     """``torch.distributed.all_to_all_single(recv, send)`` with equal splits: ``send``'s
     dim 0 split in W rows, row p to rank p; row p of ``recv`` from rank p (with ``peers``:
     W = len(peers), row p to and from peers[p])."""
-    world = dist.get_world_size(group) if peers is None else len(peers)
+    world = (group.world if is_local(group) else dist.get_world_size(group)) if peers is None else len(peers)
     _check("all_to_all", recv, send, send.numel(), world)
     if send.shape[0] % world:
         raise ValueError(f"all_to_all: input dim 0 ({send.shape[0]}) is not a multiple of the world size {world}")
+    if is_local(group):  # simulated ranks: threads of this process (fp4quant.comm.local)
+        return group.exchange(recv.view(world, -1), send.reshape(world, -1), peers)
     if peers is not None:
         _check_peers("all_to_all", group, peers)
     elif not receives_first(group, send):
@@ -136,8 +140,10 @@ def all_gather(out: torch.Tensor, shard: torch.Tensor, group: Any = None, async_
                peers: list[int] | None = None):
     """``torch.distributed.all_gather_into_tensor(out, shard)``: ``out`` holds W x
     ``shard.numel()`` values, row p rank p's ``shard`` (with ``peers``: peers[p]'s)."""
-    world = dist.get_world_size(group) if peers is None else len(peers)
+    world = (group.world if is_local(group) else dist.get_world_size(group)) if peers is None else len(peers)
     _check("all_gather", out, shard, world * shard.numel(), world)
+    if is_local(group):
+        return group.exchange(out.view(world, -1), shard.reshape(1, -1).expand(world, -1), peers)
     if peers is not None:
         _check_peers("all_gather", group, peers)
     elif not receives_first(group, shard):

@@ -49,9 +49,13 @@ class NodeLayout:
     def of(cls, group, ranks_per_node: int | None = None) -> NodeLayout:
         """The layout of ``group``: ``ranks_per_node`` consecutive group ranks a node, else
         torchrun's LOCAL_WORLD_SIZE over the members' global ranks; ValueError in one line."""
-        world = dist.get_world_size(group)
+        from .local import is_local
+
+        world = group.world if is_local(group) else dist.get_world_size(group)
         if ranks_per_node is not None:
             return cls.consecutive(world, ranks_per_node)
+        if is_local(group):
+            raise ValueError("simulated ranks have no torchrun layout: pass ranks_per_node")
         raw = os.environ.get("LOCAL_WORLD_SIZE", "")
         if not raw.isdigit() or int(raw) < 1:
             raise ValueError("the node layout is unknown: run under torchrun (LOCAL_WORLD_SIZE) or pass "

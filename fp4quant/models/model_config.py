@@ -89,6 +89,10 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # about 10 million parameters over the byte vocabulary (the convergence study, workflow/config/study.yaml)
     "small": dict(vocab_size=256, hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=8, num_kv_heads=4,
                   max_position=4096),
+    # "small" with 16 heads of 24 and as many KV heads (multi-head attention, as Qwen-7B): 10.8 million
+    # parameters, TP up to 16 (the convergence study at the paper's TP degrees, workflow/config/study_tp.yaml)
+    "small-mha": dict(vocab_size=256, hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=16,
+                      num_kv_heads=16, max_position=4096),
     "qwen2-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
                        num_kv_heads=2, rope_theta=1000000.0, tie_word_embeddings=True),
     # Qwen-7B's shapes (multi-head attention) in the Qwen2 architecture

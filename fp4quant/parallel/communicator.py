@@ -29,6 +29,7 @@ import torch.distributed as dist
 from dataclasses import replace
 
 from ..comm import DEFAULT_CHUNK_BYTES, Options, RandomStreams, Wire, all_gather, all_reduce, reduce_scatter
+from ..comm.local import is_local
 from ..format.config import QuantConfig
 from .capture import TrafficCapture
 
@@ -55,6 +56,13 @@ class CommConfig:
     sync_timing: bool = False
     ranks_per_node: int | None = None  # the hierarchical algorithm's node layout (None: LOCAL_WORLD_SIZE)
     intra_wire: str = "exact"  # the hierarchical algorithm's all-gather inside a node
+    # at TP = 1 (nothing sent), round the tensors each all-reduce would carry as its cast wire
+    # does (to its dtype and back): the wire's rounding without communication (a control run)
+    rounding_alone: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rounding_alone and any(q is None or q.compressed for q in (self.fwd, self.bwd)):
+            raise ValueError("rounding_alone needs a cast wire (the bf16 preset) in both directions")
 
     def options(self, direction: str) -> Options:
         """The one fp4quant.comm.Options of ``direction``'s collectives (its wire, counted under
@@ -116,8 +124,11 @@ class TPCommunicator:
         self.routes = {d: Route.of(self.config, d) for d in DIRECTIONS}
         self.streams = RandomStreams(self.config.seed)
         self.validate = self.config.validate
-        self.world = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
-        self.rank = dist.get_rank(group) if group is not None and dist.is_initialized() else 0
+        if is_local(group):  # simulated ranks (fp4quant.comm.local)
+            self.world, self.rank = group.world, group.rank
+        else:
+            self.world = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
+            self.rank = dist.get_rank(group) if group is not None and dist.is_initialized() else 0
         self.virtual = False
 
     def __deepcopy__(self, memo) -> TPCommunicator:
@@ -155,11 +166,19 @@ class TPCommunicator:
         if self.virtual:
             raise RuntimeError("a virtual TPCommunicator (for sizing models) cannot communicate")
 
+    @property
+    def sends(self) -> bool:
+        """Whether the all-reduce mappings call this communicator: TP > 1, or the wire's
+        rounding applied alone (CommConfig.rounding_alone)."""
+        return self.world > 1 or self.config.rounding_alone
+
     def all_reduce(self, x: torch.Tensor, direction: str) -> torch.Tensor:
         """Sum over the group, in place; returns x."""
         self._check_real()
         if self.world > 1:
             all_reduce(x, **self._prepare(direction, x))
+        elif self.config.rounding_alone:
+            x.copy_(x.to(self.routes[direction].wire.dtype).to(x.dtype))
         return x
 
     def all_gather(self, x: torch.Tensor, direction: str) -> torch.Tensor:
@@ -184,8 +203,24 @@ class TPCommunicator:
 
     def all_reduce_exact(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Uncompressed all-reduce for the small, exact reductions (softmax statistics, norms):
-        "sum" or "max", counted under the stats key "exact" (the trainer's scalar time)."""
+        "sum" or "max", counted under the stats key "exact" (the trainer's scalar time).  A sum
+        is gathered and added in rank order: the same bits whatever order the backend would
+        add in (gloo's ring, NCCL's, a simulated group's), at the cost of (W-1) N values sent
+        instead of 2 (W-1)/W N -- these tensors are one value per token."""
         self._check_real()
-        if self.world > 1:
-            all_reduce(x, group=self.group, op=op, options=EXACT_OPTIONS)
+        if self.world == 1:
+            return x
+        if op in ("max", dist.ReduceOp.MAX):
+            all_reduce(x, group=self.group, op="max", options=EXACT_OPTIONS)
+            return x
+        if op not in ("sum", dist.ReduceOp.SUM):
+            raise ValueError(f"all_reduce_exact: op must be sum or max, got {op!r}")
+        flat = x.detach().reshape(-1).contiguous()
+        gathered = flat.new_empty(self.world * flat.numel())
+        all_gather(gathered, flat, group=self.group, options=EXACT_OPTIONS)
+        parts = gathered.view(self.world, -1)
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total += part
+        x.copy_(total.view_as(x))
         return x

@@ -137,7 +137,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         logits = logits.float()
         vocab_local = logits.shape[-1]
         logit_max = logits.max(dim=-1).values
-        tp.all_reduce_exact(logit_max, torch.distributed.ReduceOp.MAX)
+        tp.all_reduce_exact(logit_max, "max")
         shifted = logits - logit_max.unsqueeze(-1)
         local = labels - vocab_start
         outside = (local < 0) | (local >= vocab_local)

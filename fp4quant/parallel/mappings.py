@@ -78,11 +78,11 @@ class _ScatterToSP(torch.autograd.Function):
 
 
 def copy_to_tp(x: torch.Tensor, tp: TPCommunicator) -> torch.Tensor:
-    return _CopyToTP.apply(x, tp) if tp.world > 1 else x
+    return _CopyToTP.apply(x, tp) if tp.sends else x
 
 
 def reduce_from_tp(x: torch.Tensor, tp: TPCommunicator) -> torch.Tensor:
-    return _ReduceFromTP.apply(x, tp) if tp.world > 1 else x
+    return _ReduceFromTP.apply(x, tp) if tp.sends else x
 
 
 def gather_from_sp(x: torch.Tensor, tp: TPCommunicator) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""Train a tensor-parallel Qwen2 with compressed TP communication.  Always under torchrun:
+"""Train a tensor-parallel Qwen2 with compressed TP communication, under torchrun or simulated:
 
     torchrun --nproc-per-node 2 -m fp4quant.train --model tiny --tp 2 --comm fp4quant --steps 300 --out data/runs/NAME
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m fp4quant.train --model qwen-7b --tp 16 ...
+    python -m fp4quant.train --model small --tp 16 --simulate-tp ...   # 16 ranks as threads of one process
 
 Writes NAME/log.jsonl (one line per step, rank 0), NAME/checkpoints/ (resumed from
 automatically, with the log up to their step), NAME/summary.json (provenance and headline
@@ -92,7 +93,12 @@ def main(argv=None) -> int:
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         dist.init_process_group(cfg.backend if cfg.backend != "auto" else "nccl" if use_cuda else "gloo")
     try:
-        summary = Trainer(cfg, data).run()
+        if cfg.simulate_tp:
+            from .simulate import run
+
+            summary = run(cfg, data)
+        else:
+            summary = Trainer(cfg, data).run()
     except ConfigError as exc:  # ranks that disagree, a checkpoint of another configuration
         return fail(exc, 2)
     except OSError as exc:  # the environment's: a full disk, a folder made read-only under the run

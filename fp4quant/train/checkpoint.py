@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..provenance import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .ranks import Ranks
 from .train_config import ConfigError
 
 MANIFEST = "manifest.json"
@@ -73,24 +73,21 @@ def _entry(data: bytes) -> dict[str, Any]:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def save(out: Path, step: int, rank: int, world: int, state: dict[str, Any], keep: int,
+def save(out: Path, step: int, ranks: Ranks, state: dict[str, Any], keep: int,
          log: str | None = None, meta: dict[str, Any] | None = None) -> None:
     """Write this rank's ``state``; rank 0 also ``log`` (its lines up to ``step``) and the
-    manifest, with ``meta`` (configuration, mesh) in it.  Collective over the default group."""
+    manifest, with ``meta`` (configuration, mesh) in it.  Collective over ``ranks``."""
+    rank, world = ranks.rank, ranks.world
     ckpt = _dir(out)
     tmp = ckpt / f"step_{step:06d}.tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    if world > 1:
-        dist.barrier()
+    ranks.barrier()
     buf = io.BytesIO()
     torch.save(state, buf)
     atomic_write_bytes(tmp / shard_name(rank), buf.getvalue())
-    entries = [_entry(buf.getvalue())]
-    if world > 1:  # every shard is on disk once rank 0 has every digest
-        entries = [None] * world
-        dist.all_gather_object(entries, _entry(buf.getvalue()))
+    entries = ranks.all_gather_object(_entry(buf.getvalue()))  # every shard is on disk once rank 0 has every digest
     if rank == 0:
         files = {shard_name(r): e for r, e in enumerate(entries)}
         log_bytes = (log or "").encode()
@@ -103,8 +100,7 @@ def save(out: Path, step: int, rank: int, world: int, state: dict[str, Any], kee
         atomic_write_text(ckpt / "latest", f"{step}\n")
         for old in _steps(out)[keep:]:
             shutil.rmtree(ckpt / f"step_{old:06d}", ignore_errors=True)
-    if world > 1:
-        dist.barrier()
+    ranks.barrier()
 
 
 def _steps(out: Path) -> list[int]:
@@ -197,10 +193,11 @@ def _pointer_warning(out: Path, steps: list[int]) -> str | None:
     return None if named in steps else f"checkpoints/latest names step {named}, which has no folder"
 
 
-def resume(out: Path, rank: int, world: int, problems: Callable[[dict[str, Any]], list[str]]) -> Resumed | None:
+def resume(out: Path, ranks: Ranks, problems: Callable[[dict[str, Any]], list[str]]) -> Resumed | None:
     """The newest intact checkpoint in ``out`` (None: there is none to resume).  ``problems``
     lists what keeps this run from resuming a checkpoint, given its manifest; any problem
     is a CheckpointError on every rank, as is a folder of checkpoints with none intact."""
+    rank = ranks.rank
     steps = _steps(out)
     if not steps:
         return None
@@ -221,10 +218,7 @@ def resume(out: Path, rank: int, world: int, problems: Callable[[dict[str, Any]]
             mine = ("unsafe", f"checkpoint step {step}: {exc}")
         except Damaged as exc:
             mine = ("damaged", f"step {step}: {exc}")
-        everyone = [mine]
-        if world > 1:
-            everyone = [None] * world
-            dist.all_gather_object(everyone, mine)
+        everyone = ranks.all_gather_object(mine)
         unsafe = [msg for kind, msg in filter(None, everyone) if kind == "unsafe"]
         if unsafe:
             raise CheckpointError(f"{out}: {unsafe[0]}")

@@ -8,8 +8,9 @@ Allowed to differ:
     warmup needs ``--warmup`` set to the checkpoint's value; the cosine decay after the
     resumed step follows the new ``--steps``, and the summary lists each schedule used.
   - bookkeeping that does not change what is trained: ``out`` (the folder may move),
-    ``eval_batches``, ``keep_checkpoints``, ``checkpoint_every``, and ``device`` as spelled
-    (the resolved device type is compared instead: auto and cuda on a GPU are the same).
+    ``eval_batches``, ``keep_checkpoints``, ``checkpoint_every``, ``device`` as spelled
+    (the resolved device type is compared instead: auto and cuda on a GPU are the same),
+    and ``simulate_tp`` (simulated ranks compute what real ones do: either resumes the other).
   - ``data`` as a path: the data is compared by content (tokens_sha256 of its meta.json).
 Any other difference is refused in one line naming the fields.
 """
@@ -18,24 +19,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch.distributed as dist
-
+from .ranks import Ranks
 from .train_config import ConfigError, TrainConfig
 
 # what a resumed run may change (validation, timing and capture do not change what is computed)
 BOOKKEEPING = ("out", "eval_batches", "keep_checkpoints", "checkpoint_every", "device", "data", "validate_every_step",
-               "sync_timing", "capture_traffic_steps")
+               "sync_timing", "capture_traffic_steps", "simulate_tp")
 
 
-def check_ranks_agree(cfg: TrainConfig, identity: dict[str, Any]) -> None:
-    """Every rank of the default group holds the same configuration (one all_gather_object);
-    otherwise every rank raises the same ConfigError naming the fields and the ranks.
-    ``identity`` adds resolved facts that must agree too (the device type)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+def check_ranks_agree(cfg: TrainConfig, identity: dict[str, Any], ranks: Ranks) -> None:
+    """Every rank holds the same configuration (one all_gather_object); otherwise every rank
+    raises the same ConfigError naming the fields and the ranks.  ``identity`` adds resolved
+    facts that must agree too (the device type)."""
+    if ranks.world == 1:
         return
     mine = {**cfg.to_dict(), **identity}
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    everyone = ranks.all_gather_object(mine)
     problems = []
     for key in mine:
         values: dict[Any, list[int]] = {}

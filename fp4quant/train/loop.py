@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from .. import comm
@@ -36,7 +35,7 @@ from ..models import Qwen2ForCausalLM
 from ..models.hf import load_safetensors
 from ..models.hf_tp import HFTensorParallel, config_file, is_hf
 from ..models.init import initialize
-from ..parallel import CommConfig, ComputeConfig, LinearCompute, ParallelMesh, TPCommunicator, TrafficCapture, init_mesh
+from ..parallel import CommConfig, ComputeConfig, LinearCompute, TPCommunicator, TrafficCapture
 from ..provenance import atomic_write_json, atomic_write_text, provenance
 from ..threads import pin_threads
 from . import checkpoint
@@ -44,6 +43,7 @@ from .shards import load_local_state, local, local_tree, restore_optimizer_place
 from .train_config import ADAM_BETAS, ConfigError, TrainConfig, run_name
 from .consistency import check_ranks_agree, resume_differences
 from .ownership import RunLock
+from .ranks import ProcessRanks, Ranks
 
 
 # the seed of the validation batches' order, whatever the run's seed: every run of a comparison
@@ -55,19 +55,16 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became non-finite; the run stopped before applying it."""
 
 
-def _one_host() -> bool:
-    """Whether every rank of the default group runs under this kernel, whose monotonic clock
-    they then share (the boot's id where Linux has one, else the host's name; one
-    all_gather_object)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+def _one_host(ranks: Ranks) -> bool:
+    """Whether every rank runs under this kernel, whose monotonic clock they then share (the
+    boot's id where Linux has one, else the host's name; one all_gather_object)."""
+    if ranks.world == 1:
         return True
     try:
         me = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         me = socket.gethostname()
-    kernels: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(kernels, me)
-    return len(set(kernels)) == 1
+    return len(set(ranks.all_gather_object(me))) == 1
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -79,28 +76,32 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, data: TokenDataset | None = None):
+    """One rank's training: ``ranks`` torch.distributed's (the default) or a simulated rank's
+    (fp4quant.train.simulate)."""
+
+    def __init__(self, cfg: TrainConfig, data: TokenDataset | None = None, ranks: Ranks | None = None):
         self.cfg = cfg
-        pin_threads()
+        self.ranks = ranks if ranks is not None else ProcessRanks()
+        if not self.ranks.simulated:  # a simulated rank's threads are set by its driver
+            pin_threads()
         self.out = Path(cfg.out)
-        self.device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-                                   else "cpu")
+        self.device = torch.device("cuda" if not self.ranks.simulated and (
+            cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())) else "cpu")
         if self.device.type == "cuda":  # before any collective: NCCL's object collectives use the current device
             # more ranks than GPUs share them (gloo; NCCL refuses two ranks on one GPU by itself)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
-        check_ranks_agree(cfg, {"device_type": self.device.type})  # before any other collective
-        if dist.is_initialized():
-            self.mesh = init_mesh(cfg.tp)
-        else:
-            self.mesh = ParallelMesh.single()
+        check_ranks_agree(cfg, {"device_type": self.device.type}, self.ranks)  # before any other collective
+        self.mesh = self.ranks.mesh(cfg.tp)
         # the ranks share perf_counter's clock, and the collectives' times are theirs (not kernel
-        # launches): the link's time (comm_link_s) is logged
-        self.link_timed = _one_host() and (self.device.type == "cpu" or cfg.sync_timing)
+        # launches): the link's time (comm_link_s) is logged.  Simulated ranks have no link.
+        self.link_timed = (not self.ranks.simulated and _one_host(self.ranks)
+                           and (self.device.type == "cpu" or cfg.sync_timing))
         self.is_logger = self.mesh.rank == 0
         self.comm_config = CommConfig.from_preset(cfg.comm, cfg.compress, cfg.stochastic_backward,
                                                   algorithm=cfg.algorithm, seed=cfg.seed,
-                                                  validate=cfg.validate_every_step, sync_timing=cfg.sync_timing)
+                                                  validate=cfg.validate_every_step, sync_timing=cfg.sync_timing,
+                                                  rounding_alone=cfg.rounding_alone)
         self.capture = None
         if cfg.capture_steps and self.mesh.dp_rank == 0:  # the DP replicas send the same kind of traffic
             meta = {"model": cfg.model, "model_config": cfg.model_config().to_dict(), "tp": cfg.tp,
@@ -127,6 +128,8 @@ class Trainer:
         self.validate_next_step = True
         self.label = run_name(cfg.comm if self.mesh.tp > 1 else "exact", cfg.compress if self.mesh.tp > 1 else "both",
                               cfg.compute)
+        if cfg.rounding_alone:
+            self.label = run_name(cfg.comm, "both", cfg.compute).replace(cfg.comm, f"{cfg.comm}-alone", 1)
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -176,7 +179,7 @@ class Trainer:
         """Continue from the newest intact checkpoint in ``out``, if there is one, restoring
         log.jsonl to the history it stores.  A checkpoint of another configuration, or a
         folder of checkpoints none of which is intact, is a CheckpointError."""
-        found = checkpoint.resume(self.out, self.mesh.rank, self.mesh.world, self._resume_problems)
+        found = checkpoint.resume(self.out, self.ranks, self._resume_problems)
         if found is None:
             return False
         step, state = found.step, found.state
@@ -204,14 +207,17 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.grad is not None]
         grads = {id(p): local(p.grad) for p in params}
         if self.model.sp:
-            self._all_reduce_flat([grads[id(p)] for p in params if id(p) in self.replicated], self.mesh.tp_group, 1.0)
+            self._all_reduce_flat([grads[id(p)] for p in params if id(p) in self.replicated], self.mesh.tp_group, 1.0,
+                                  ordered=True)
         if self.mesh.dp > 1:
             self._all_reduce_flat(list(grads.values()), self.mesh.dp_group, 1.0 / self.mesh.dp)
         sharded_sq = sum(float(grads[id(p)].float().pow(2).sum()) for p in params if id(p) not in self.replicated)
         replicated_sq = sum(float(grads[id(p)].float().pow(2).sum()) for p in params if id(p) in self.replicated)
         if self.mesh.tp > 1:
             t = torch.tensor([sharded_sq], dtype=torch.float64, device=self.device)
-            self._all_reduce_scalar(t, group=self.mesh.tp_group)
+            t0 = time.perf_counter()
+            self.ranks.ordered_sum(t, self.mesh.tp_group)
+            self.scalar_allreduce_s += time.perf_counter() - t0
             sharded_sq = float(t)
         norm = math.sqrt(sharded_sq + replicated_sq)
         if norm > self.cfg.clip:
@@ -219,20 +225,22 @@ class Trainer:
                 g.mul_(self.cfg.clip / (norm + 1e-6))
         return norm
 
-    def _all_reduce_scalar(self, t: torch.Tensor, **kwargs) -> None:
-        """dist.all_reduce of a step's small uncompressed reduction, timed: with the model's
+    def _all_reduce_scalar(self, t: torch.Tensor, group=None, op: str = "sum") -> None:
+        """The all-reduce of a step's small uncompressed reduction, timed: with the model's
         all_reduce_exact (counted under the stats key "exact"), the record's scalar_comm_s (a
         wait for a slower peer included)."""
         t0 = time.perf_counter()
-        dist.all_reduce(t, **kwargs)
+        self.ranks.all_reduce(t, group=group, op=op)
         self.scalar_allreduce_s += time.perf_counter() - t0
 
-    @staticmethod
-    def _all_reduce_flat(grads: list[torch.Tensor], group, scale: float) -> None:
+    def _all_reduce_flat(self, grads: list[torch.Tensor], group, scale: float, ordered: bool = False) -> None:
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
+        if ordered:  # a TP sum: in rank order (Ranks.ordered_sum)
+            self.ranks.ordered_sum(flat, group)
+        else:
+            self.ranks.all_reduce(flat, group=group)
         if scale != 1.0:
             flat.mul_(scale)
         offset = 0
@@ -318,7 +326,7 @@ class Trainer:
         parts = [part for direction in comm_s for part in (spans or {}).get(direction, [])]
         reduced = torch.tensor(flags + self._replica_timeline(parts), dtype=torch.float64, device=self.device)
         if self.mesh.world > 1:  # every rank stops together, none waits in a collective
-            self._all_reduce_scalar(reduced, op=dist.ReduceOp.MAX)
+            self._all_reduce_scalar(reduced, op="max")
         values = reduced.tolist()
         least = dict(zip(comm_s, (-v for v in values[1 : 1 + len(comm_s)])))
         link = None
@@ -379,17 +387,15 @@ class Trainer:
         self.model.train()
         t = torch.tensor(losses, dtype=torch.float64, device=self.device)
         if self.mesh.dp > 1:
-            dist.all_reduce(t, group=self.mesh.dp_group)
+            self.ranks.all_reduce(t, group=self.mesh.dp_group)
         return (t / self.mesh.dp).tolist()
 
     def run(self) -> dict[str, Any]:
         self.out.mkdir(parents=True, exist_ok=True)
         lock = RunLock(self.out)
         problem = lock.acquire() if self.mesh.rank == 0 else None
-        if self.mesh.world > 1:  # every rank learns rank 0's outcome before touching the folder
-            box = [problem]
-            dist.broadcast_object_list(box, src=0)
-            problem = box[0]
+        # every rank learns rank 0's outcome before touching the folder
+        problem = self.ranks.broadcast_object(problem, src=0)
         if problem is not None:
             raise ConfigError(problem)
         try:
@@ -436,7 +442,7 @@ class Trainer:
     def _save(self) -> None:
         meta = {"config": self.cfg.to_dict(), **self._identity(), "schedule": self.schedule,
                 "provenance": provenance(self.device)}
-        checkpoint.save(self.out, self.step, self.mesh.rank, self.mesh.world, self._state(), self.cfg.keep_checkpoints,
+        checkpoint.save(self.out, self.step, self.ranks, self._state(), self.cfg.keep_checkpoints,
                         "".join(line + "\n" for line in self.history) if self.is_logger else None, meta)
         self.last_checkpoint = self.step
 
@@ -451,12 +457,13 @@ class Trainer:
         return {
             "provenance": provenance(self.device, config=self.cfg.to_dict()),
             "mesh": {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp,
-                     "backend": dist.get_backend() if dist.is_initialized() else None, "device": self.device.type},
+                     "backend": self.ranks.backend, "device": self.device.type},
             "model": self.model.cfg.to_dict(),
             # what the TP wire carried, and the name the run is compared under: at TP = 1 nothing
             # crosses it, so a compressed --comm compresses nothing and the run is exact's
-            "comm": {"fwd": str(self.comm_config.fwd) if self.mesh.tp > 1 else "nothing sent (TP = 1)",
-                     "bwd": str(self.comm_config.bwd) if self.mesh.tp > 1 else "nothing sent (TP = 1)",
+            "comm": {"fwd": str(self.comm_config.fwd) if self.tp.sends else "nothing sent (TP = 1)",
+                     "bwd": str(self.comm_config.bwd) if self.tp.sends else "nothing sent (TP = 1)",
+                     "rounding_alone": self.cfg.rounding_alone,
                      "label": self.label, "algorithm": self.cfg.algorithm,
                      "hooks": comm.hooks.describe()},  # what shaped the collectives' time (the emulated cluster's)
             **{k: v for k, v in self._identity().items() if k != "mesh"},  # the data's (and an hf: model's) checksum

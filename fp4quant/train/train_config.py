@@ -60,6 +60,11 @@ class TrainConfig:
     backend: str = "auto"  # process group: auto (nccl on CUDA, else gloo), nccl, gloo (several ranks on one GPU)
     # steps (comma-separated, e.g. "1,30,59") whose TP traffic is saved to <out>/traffic/ (fp4quant.parallel.capture)
     capture_traffic_steps: str = ""
+    # the --tp ranks as threads of this process (no torchrun): the real ranks' numerics (fp4quant.train.simulate)
+    simulate_tp: bool = False
+    # at --tp 1, round what each TP all-reduce would carry as --comm bf16's wire does, sending nothing:
+    # the wire's rounding without communication (a control; the run is labelled "<comm>-alone")
+    rounding_alone: bool = False
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -98,6 +103,15 @@ class TrainConfig:
              f"--capture-traffic-steps must lie in [0, steps={self.steps}), got {self.capture_traffic_steps!r}")
         need(not (steps and self.activation_checkpointing),
              "--capture-traffic-steps needs --no-activation-checkpointing (recomputed forwards would be captured twice)")
+        if self.simulate_tp:
+            need(self.tp >= 2, f"--simulate-tp needs --tp >= 2 (ranks to simulate), got --tp {self.tp}")
+            need(self.device != "cuda", "--simulate-tp runs its ranks on the CPU: use --device cpu (or auto)")
+            need(not is_hf(self.model), "--simulate-tp is not supported with --model hf:... (the transformers "
+                                        "model's layers are sharded through DTensor, which needs a process group)")
+        if self.rounding_alone:
+            need(self.tp == 1 and self.comm == "bf16" and not self.sequence_parallel and not is_hf(self.model),
+                 "--rounding-alone is a TP = 1 control of --comm bf16's rounding: it needs --tp 1, --comm bf16, no "
+                 "--sequence-parallel and a preset or Qwen2 folder model")
         if is_hf(self.model):
             self.model_config()  # the file, its architecture, the TP size
             for flag, on in (("--compute quartet", self.compute != "exact"), ("--sequence-parallel", self.sequence_parallel),
@@ -135,7 +149,10 @@ class TrainConfig:
 
     def check_world(self, world: int, vocab_size: int | None = None) -> None:
         """Everything that can be checked before a process group exists."""
-        if world % self.tp:
+        if self.simulate_tp and world > 1:
+            raise ConfigError(f"--simulate-tp runs its {self.tp} ranks in one process: launch it without torchrun "
+                              f"(WORLD_SIZE is {world})")
+        if world % self.tp and not self.simulate_tp:
             raise ConfigError(f"world size {world} is not divisible by --tp {self.tp}")
         cfg = self.model_config()  # an hf: model's TP fit is checked there (its embeddings and head are not sharded)
         try:

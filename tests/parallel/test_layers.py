@@ -103,3 +103,22 @@ def test_single_process_cross_entropy_and_virtual_group():
     assert (v.world, v.rank) == (4, 1)
     with pytest.raises(RuntimeError, match="cannot communicate"):
         v.all_reduce(torch.zeros(2), "fwd")
+
+
+def test_the_bf16_rounding_alone_rounds_where_the_wire_would_and_sends_nothing():
+    """CommConfig.rounding_alone at TP = 1: the row-parallel output forward and the column-parallel
+    input gradient backward are rounded to BF16 (as a TP = 2 BF16 wire rounds them), nothing else."""
+    from fp4quant.parallel.mappings import copy_to_tp, reduce_from_tp
+
+    bf16 = CommConfig.from_preset("bf16", rounding_alone=True)
+    tp, plain = TPCommunicator(None, bf16), TPCommunicator(None, CommConfig.from_preset("bf16"))
+    x = torch.randn(4, 8, dtype=torch.float64) * 1.001
+    y = reduce_from_tp(x.clone(), tp)
+    assert torch.equal(y, x.to(torch.bfloat16).to(torch.float64)) and not torch.equal(y, x)
+    assert torch.equal(reduce_from_tp(x.clone(), plain), x)  # without it TP = 1 touches nothing
+    leaf = x.clone().requires_grad_()
+    g = torch.randn(4, 8, dtype=torch.float64)
+    copy_to_tp(leaf, tp).backward(g)
+    assert torch.equal(leaf.grad, g.to(torch.bfloat16).to(torch.float64))
+    with pytest.raises(ValueError, match="needs a cast wire"):
+        CommConfig.from_preset("fp4quant", rounding_alone=True)

@@ -21,7 +21,11 @@ def short(data, out, **kw):
 
 def flags(**kw) -> list[str]:
     """Command-line flags of TrainConfig keywords."""
-    return [x for k, v in kw.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    out = []
+    for k, v in kw.items():
+        name = k.replace("_", "-")
+        out += [f"--{name}" if v else f"--no-{name}"] if isinstance(v, bool) else [f"--{name}", str(v)]
+    return out
 
 
 def cli(capsys, **kw) -> tuple[int, str]:

@@ -42,16 +42,18 @@ def wait_for(condition, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def long_run(data: str, out: Path) -> subprocess.Popen:
+def long_run(data: str, out: Path, checkpoint_every: int = 5) -> subprocess.Popen:
     """A TP = 2 run under torchrun that takes minutes (stopped by the test)."""
     return torchrun(["--model", "tiny", "--tp", "2", "--steps", "100000", "--seq-len", "32", "--batch-size", "1",
-                     "--checkpoint-every", "5", "--data", data, "--out", str(out)], stderr=subprocess.DEVNULL)
+                     "--checkpoint-every", str(checkpoint_every), "--data", data, "--out", str(out)],
+                    stderr=subprocess.DEVNULL)
 
 
 @pytest.mark.slow
 def test_a_second_run_on_a_folder_in_use_is_refused_naming_the_holder(data, tmp_path, capsys):
     out = tmp_path / "run"
-    first = long_run(data, out)
+    # no checkpoint while it runs: the TP = 1 rerun below must find no run of another configuration
+    first = long_run(data, out, checkpoint_every=100000)
     try:
         wait_for(lambda: (out / "log.jsonl").exists() and (out / "log.jsonl").read_text(), 120, "the first run's steps")
         holder = json.loads((out / ".lock").read_text())
@@ -61,7 +63,7 @@ def test_a_second_run_on_a_folder_in_use_is_refused_naming_the_holder(data, tmp_
     finally:
         kill_tree(first.pid)
         first.wait()
-    # its owner is gone (killed, not ended): the lock went with it, and a rerun resumes
+    # its owner is gone (killed, not ended): the lock went with it, and a rerun takes the folder
     status, err = cli(capsys, **short(data, out, seq_len=32, batch_size=1, steps=6))
     assert status == 0, err
 

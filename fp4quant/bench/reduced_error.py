@@ -1,0 +1,144 @@
+"""The error of the all-reduced tensor against the number of ranks, on captured TP traffic.
+
+    python -m fp4quant.bench.reduced_error --captures RUN_TP2/traffic RUN_TP16/traffic ...
+        [--presets bf16,fp4quant,nvfp4,fp8] [--max-calls 8] --out data/study_tp/bench/reduced_error.csv
+
+A compressed all-reduce at TP = W quantizes W partial sums, adds them, and quantizes the sum
+again: its error grows with W in a way one message's error does not show.  Each captures
+folder holds, at a few steps, every rank's contribution to each TP all-reduce of one run
+(``fp4quant.train --capture-traffic-steps``; the TP study's BF16 run at each degree).  For each
+step, direction and call, the W contributions are added exactly (float64), and by each
+preset's all-reduce as the trainer sends it -- a ``TPCommunicator`` of ``CommConfig.from_preset``
+(backward stochastic, streams keyed by rank and step), the real algorithm with its W ranks as
+threads of this process (fp4quant.comm.local).  A row per (folder, step, direction, call,
+preset): the SQNR of the result against the exact sum, and of one rank's message alone (rank
+0's contribution through the same codec, ``single_sqnr_db``).
+
+``<out stem>_summary.csv``: per (TP, direction, preset) the median, min and max over the
+tensors of both SQNRs, and the pooled (energy-weighted) SQNR of the reduced tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from .. import dequantize, quantize
+from ..comm.local import LocalGroup, run_ranks
+from ..parallel.capture import load_captures
+from ..parallel.communicator import CommConfig, TPCommunicator
+from ..provenance import atomic_write_csv, atomic_write_json, provenance
+
+PRESETS = ("bf16", "fp4quant", "nvfp4", "fp8")
+
+
+def sqnr_db(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    err = float((approx.double() - exact).pow(2).sum())
+    energy = float(exact.pow(2).sum())
+    return math.inf if err == 0 else 10 * math.log10(energy / err)
+
+
+def reduce(parts: list[torch.Tensor], preset: str, direction: str, step: int, seed: int = 0) -> torch.Tensor:
+    """``parts`` (one per rank) summed by ``preset``'s all-reduce at TP = len(parts), as the
+    trainer sends ``direction``'s traffic at ``step``; rank 0's result."""
+    config = CommConfig.from_preset(preset, seed=seed)
+
+    def rank_main(handle):
+        tp = TPCommunicator(handle, config)
+        tp.start_step(step)
+        return tp.all_reduce(parts[handle.rank].clone(), direction)
+
+    return run_ranks(LocalGroup(len(parts)), rank_main)[0]
+
+
+def single(x: torch.Tensor, preset: str, direction: str) -> torch.Tensor:
+    """One message of ``x`` through ``preset``'s wire in ``direction`` (round to nearest)."""
+    wire = CommConfig.from_preset(preset, stochastic_backward=False).options(direction).wire
+    if wire.config is None or not wire.config.compressed:
+        return x.to(wire.dtype).to(x.dtype) if wire.dtype is not None else x.clone()
+    return dequantize(quantize(x, wire.config))
+
+
+def measure(folders: list[str], presets: list[str], max_calls: int | None = None) -> list[dict]:
+    rows = []
+    for folder in folders:
+        caps = load_captures(folder)
+        world = max(c["rank"] for c in caps) + 1
+        for step in sorted({c["step"] for c in caps}):
+            by_rank = {c["rank"]: c for c in caps if c["step"] == step}
+            if sorted(by_rank) != list(range(world)):
+                raise ValueError(f"{folder}: step {step} has captures of ranks {sorted(by_rank)}, not 0..{world - 1}")
+            for direction in ("fwd", "bwd"):
+                calls = len(by_rank[0]["tensors"][direction])
+                picked = range(calls) if not max_calls or calls <= max_calls else \
+                    sorted({round(i * (calls - 1) / (max_calls - 1)) for i in range(max_calls)})
+                for k in picked:
+                    parts = [by_rank[r]["tensors"][direction][k].to(torch.float32) for r in range(world)]
+                    exact = torch.stack([p.double() for p in parts]).sum(0)
+                    if not torch.isfinite(exact).all():
+                        raise ValueError(f"{folder}: step {step} {direction} call {k} holds NaN or Inf")
+                    if float(exact.pow(2).sum()) == 0:
+                        continue
+                    for preset in presets:
+                        out = reduce(parts, preset, direction, step)
+                        rows.append({"tp": world, "step": step, "direction": direction, "call": k, "preset": preset,
+                                     "numel": exact.numel(), "sqnr_db": sqnr_db(out, exact),
+                                     "single_sqnr_db": sqnr_db(single(parts[0], preset, direction), parts[0].double()),
+                                     "energy": float(exact.pow(2).sum()),
+                                     "error_energy": float((out.double() - exact).pow(2).sum())})
+                    print(f"TP {world} step {step} {direction} call {k}: " + ", ".join(
+                        f"{r['preset']} {r['sqnr_db']:.1f} dB" for r in rows[-len(presets):]), file=sys.stderr)
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["tp"], r["direction"], r["preset"]), []).append(r)
+    out = []
+    for (tp, direction, preset), rs in sorted(groups.items()):
+        sq, one = [r["sqnr_db"] for r in rs], [r["single_sqnr_db"] for r in rs]
+        err = sum(r["error_energy"] for r in rs)
+        out.append({"tp": tp, "direction": direction, "preset": preset, "tensors": len(rs),
+                    "sqnr_db_median": statistics.median(sq), "sqnr_db_min": min(sq), "sqnr_db_max": max(sq),
+                    "sqnr_db_pooled": math.inf if err == 0 else 10 * math.log10(sum(r["energy"] for r in rs) / err),
+                    "single_sqnr_db_median": statistics.median(one), "single_sqnr_db_min": min(one),
+                    "single_sqnr_db_max": max(one)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fp4quant.bench.reduced_error", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--captures", nargs="+", required=True, help="capture folders, one per TP degree")
+    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--max-calls", type=int, default=None,
+                    help="at most this many calls per step and direction, evenly spaced (default: all)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    presets = [p for p in a.presets.split(",") if p]
+    try:
+        for p in presets:
+            CommConfig.from_preset(p)
+        rows = measure(a.captures, presets, a.max_calls)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"fp4quant.bench.reduced_error: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    prov = provenance(captures=a.captures, presets=presets, max_calls=a.max_calls)
+    stamp = {"hardware": prov["hardware"], "torch": prov["torch"], "commit": prov["commit"]}
+    summary = out.with_name(out.stem + "_summary.csv")
+    atomic_write_csv(out, [{**r, **stamp} for r in rows])
+    atomic_write_json(str(out) + ".meta.json", prov)
+    atomic_write_csv(summary, [{**r, **stamp} for r in summarize(rows)])
+    atomic_write_json(str(summary) + ".meta.json", prov)
+    print(f"wrote {out} ({len(rows)} rows) and {summary}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The TP-degree study's statistics on synthetic run folders: the two one-sided tests against a
+margin, the verdicts, the controls, the headline sentence, the CLI's tables and figures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from fp4quant.analysis import study, study_tp
+from fp4quant.analysis.__main__ import main as analysis_main
+
+from test_study import PROV, write_run
+
+
+def tp_run(root, tp, comm, seed, batches, **config):
+    folder = write_run(root / f"tp{tp}" / comm / f"seed{seed}", comm.removesuffix("-alone"), seed, batches, tp=tp,
+                       **({"rounding_alone": True} if comm.endswith("-alone") else {}), **config)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["mesh"].update(tp=tp, world=tp, backend="simulated" if tp > 1 else None)
+    summary["comm"] = {"label": comm if tp > 1 or comm.endswith("-alone") else "exact"}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """bf16 and fp4quant at TP 2 and 16, 5 seeds; fp4quant +0.01 at TP 2 (within +-0.05), +0.2 at
+    TP 16 (outside); the controls exact at TP 2, exact and bf16-alone at TP 1."""
+    rng = np.random.default_rng(1)
+    dirs = []
+    for tp, gap in ((2, 0.01), (16, 0.2)):
+        for s in range(5):
+            base = 2.0 + 0.02 * s + rng.normal(0, 0.03, size=8)
+            dirs.append(tp_run(tmp_path, tp, "bf16", s, base))
+            dirs.append(tp_run(tmp_path, tp, "fp4quant", s, base + gap + rng.normal(0, 0.002)))
+            if tp == 2:
+                dirs.append(tp_run(tmp_path, 2, "exact", s, base + 0.04 + rng.normal(0, 0.002)))
+                dirs.append(tp_run(tmp_path, 1, "exact", s, base + 0.03))
+                dirs.append(tp_run(tmp_path, 1, "bf16-alone", s, base + rng.normal(0, 0.002)))
+    return dirs
+
+
+def test_tost_against_scipy():
+    d = np.array([0.01, 0.02, -0.005, 0.015, 0.0])
+    r = study_tp.tost(d, 0.05)
+    se = d.std(ddof=1) / np.sqrt(5)
+    assert r["p_upper"] == pytest.approx(stats.ttest_1samp(d, 0.05, alternative="less").pvalue)
+    assert r["p_lower"] == pytest.approx(stats.ttest_1samp(d, -0.05, alternative="greater").pvalue)
+    assert r["ci90_high"] == pytest.approx(d.mean() + stats.t.ppf(0.95, 4) * se)
+
+
+@pytest.mark.parametrize("d, word", [([0.01, 0.012, 0.008, 0.011, 0.009], "within the margin"),
+                                     ([0.2, 0.21, 0.19, 0.2, 0.205], "outside it (worse)"),
+                                     ([-0.2, -0.21, -0.19, -0.2, -0.205], "outside it (better)"),
+                                     ([0.0, 0.1, -0.05, 0.08, 0.02], "not resolved, by"),
+                                     ([0.01], "not resolved: fewer than two")])
+def test_verdicts(d, word):
+    d = np.array(d)
+    row = {"n_pairs": len(d), **study.paired_difference(pd.Series(d), pd.Series(np.zeros(len(d)))),
+           **study_tp.tost(d, 0.05)}
+    assert study_tp.verdict(row, 0.05).startswith(word)
+
+
+def test_the_summary_compares_with_bf16_at_each_tp(runs):
+    conv = study.runs(runs, "study_tp")
+    table = study_tp.summary(conv, 0.05, ["bf16", "fp4quant"])
+    fp = table[table.config == "fp4quant"].set_index("tp")
+    assert fp.loc[2, "verdict"] == "within the margin" and fp.loc[16, "verdict"] == "outside it (worse)"
+    assert fp.loc[16, "n_pairs"] == 5 and fp.loc[16, "diff_mean"] == pytest.approx(0.2, abs=0.005)
+    assert set(table.ranks) == {"simulated", "one process"}
+    assert study_tp.headline(table).startswith("fp4quant at TP = 16: +0.20")
+    controls = {(r["tp"], r["config"]): r for r in study_tp.controls(conv, 0.05)}
+    assert controls[(2, "exact")]["diff_mean"] == pytest.approx(0.04, abs=0.005)
+    assert controls[(1, "bf16-alone")]["baseline"] == "exact"
+    assert controls[(1, "bf16-alone")]["diff_mean"] == pytest.approx(-0.03, abs=0.005)
+
+
+def test_a_margin_that_is_not_positive_is_refused(runs):
+    with pytest.raises(study.StudyError, match="margin"):
+        study_tp.summary(study.runs(runs, "p"), 0.0)
+
+
+def test_the_cli_writes_tables_and_the_figures(runs, tmp_path, capsys):
+    out, fig = tmp_path / "results", tmp_path / "loss_gap_tp.pdf"
+    assert analysis_main(["study-tp", "--profile", "study_tp", "--runs", *map(str, runs), "--order", "bf16",
+                          "fp4quant", "--margin", "0.05", "--out-dir", str(out), "--figure", str(fig)]) == 0
+    md = (out / "tp_summary.md").read_text()
+    assert md.startswith("<!-- provenance: AMD EPYC") and "**fp4quant at TP = 16" in md and "bf16-alone - exact" in md
+    assert fig.read_bytes().startswith(b"%PDF")
+    assert set(pd.read_csv(out / "tp_summary.csv").tp) == {1, 2, 16}
+    summary = tmp_path / "reduced_error_summary.csv"
+    pd.DataFrame([{"tp": tp, "direction": d, "preset": p, "tensors": 3, "sqnr_db_median": 20 - tp / 4,
+                   "sqnr_db_min": 19 - tp / 4, "sqnr_db_max": 21 - tp / 4, "sqnr_db_pooled": 20.0,
+                   "single_sqnr_db_median": 20.0, "single_sqnr_db_min": 19.0, "single_sqnr_db_max": 21.0, **PROV}
+                  for tp in (2, 16) for d in ("fwd", "bwd") for p in ("bf16", "fp4quant")]).to_csv(summary, index=False)
+    assert analysis_main(["study-tp-sqnr", "--profile", "study_tp", "--summary", str(summary),
+                          "--out", str(tmp_path / "sqnr.pdf")]) == 0
+    assert (tmp_path / "sqnr.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_runs_of_another_model_are_refused_in_one_line(runs, tmp_path, capsys):
+    other = tp_run(tmp_path / "other", 2, "bf16", 9, [2.0, 2.1], model="tiny")
+    code = analysis_main(["study-tp", "--profile", "p", "--runs", *map(str, runs), str(other), "--margin", "0.05",
+                          "--out-dir", str(tmp_path / "r"), "--figure", str(tmp_path / "f.pdf")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("fp4quant.analysis: error: runs differ in model")
