@@ -7,7 +7,9 @@
 For every repeat and TP degree W, the same training run (fp4quant.train, the convergence
 study's shapes by default) is launched twice, the two kinds alternating: W ranks under
 torchrun (OMP_NUM_THREADS = cores / W each), and ``--simulate-tp`` (W threads sharing the
-cores the same way).  Each run's tokens/s is its summary's (the steps after the first
+cores the same way).  Each repeat also trains the model at TP = 1 in one process (kind
+``tp1``, on every core): the same arithmetic unsharded, the floor neither kind can beat by
+much, since both compute every rank's shard on the same cores.  Each run's tokens/s is its summary's (the steps after the first
 tenth); a row per run, with the run's final loss -- the two kinds train the same model the
 same way, so their losses agree (tests/train/test_simulate.py holds them to 1e-5).  The
 speed-up of a repeat is the simulated run's tokens/s over the real run's launched beside it;
@@ -30,6 +32,7 @@ from pathlib import Path
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
 
 KINDS = ("real", "simulated")
+FLOOR = "tp1"  # the whole model in one process
 
 
 def _cores() -> int:
@@ -43,7 +46,10 @@ def launch(kind: str, world: int, train_args: list[str], out: Path) -> tuple[dic
     """One training run of ``kind``: (its summary, the process's wall seconds)."""
     cores = _cores()
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    if kind == "real":
+    if kind == FLOOR:
+        env["OMP_NUM_THREADS"] = str(cores)
+        cmd = [sys.executable, "-m", "fp4quant.train", *train_args, "--tp", "1", "--out", str(out)]
+    elif kind == "real":
         env["OMP_NUM_THREADS"] = str(max(1, cores // world))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                "-m", "fp4quant.train", *train_args, "--tp", str(world), "--out", str(out)]
@@ -90,28 +96,31 @@ def main(argv=None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="simulated-ranks-"))
     try:
         for repeat in range(a.repeats):
-            for world in worlds:
-                order = KINDS if repeat % 2 == 0 else KINDS[::-1]  # neither kind always runs first
-                for kind in order:
-                    out = scratch / f"{kind}-w{world}-r{repeat}"
-                    summary, wall = launch(kind, world, train_args, out)
-                    rows.append({"world": world, "kind": kind, "repeat": repeat,
-                                 "tokens_per_s": summary["tokens_per_s"], "step_time_s": summary["step_time_s"],
-                                 "process_wall_s": wall, "final_loss": summary["final_loss"],
-                                 "hardware": prov["hardware"], "commit": prov["commit"]})
-                    print(f"W={world} {kind} repeat {repeat}: {summary['tokens_per_s']:.0f} tokens/s, "
-                          f"final loss {summary['final_loss']:.6f}", file=sys.stderr)
-                    shutil.rmtree(out, ignore_errors=True)
+            plan = [(1, FLOOR)] + [(w, k) for w in worlds for k in (KINDS if repeat % 2 == 0 else KINDS[::-1])]
+            for world, kind in plan:  # neither kind always runs first
+                out = scratch / f"{kind}-w{world}-r{repeat}"
+                summary, wall = launch(kind, world, train_args, out)
+                rows.append({"world": world, "kind": kind, "repeat": repeat,
+                             "tokens_per_s": summary["tokens_per_s"], "step_time_s": summary["step_time_s"],
+                             "process_wall_s": wall, "final_loss": summary["final_loss"],
+                             "hardware": prov["hardware"], "commit": prov["commit"]})
+                print(f"W={world} {kind} repeat {repeat}: {summary['tokens_per_s']:.0f} tokens/s, "
+                      f"final loss {summary['final_loss']:.6f}", file=sys.stderr)
+                shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     speedups = {}
     for world in worlds:
         by = {(r["kind"], r["repeat"]): r["tokens_per_s"] for r in rows if r["world"] == world}
+        floor = {i: r["tokens_per_s"] for r in rows if r["kind"] == FLOOR for i in [r["repeat"]]}
         ratios = [by["simulated", i] / by["real", i] for i in range(a.repeats)]
+        of_tp1 = {k: [by[k, i] / floor[i] for i in range(a.repeats)] for k in KINDS}
         speedups[str(world)] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                                "per_repeat": ratios}
+                                "per_repeat": ratios,
+                                **{f"{k}_of_tp1_median": statistics.median(v) for k, v in of_tp1.items()}}
         print(f"W={world}: simulated / real tokens/s = {statistics.median(ratios):.2f}x "
-              f"(range {min(ratios):.2f}-{max(ratios):.2f} over {a.repeats} repeats)", file=sys.stderr)
+              f"(range {min(ratios):.2f}-{max(ratios):.2f} over {a.repeats} repeats); of TP = 1's tokens/s: "
+              + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in of_tp1.items()), file=sys.stderr)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(a.out, rows)
     atomic_write_json(a.out + ".meta.json", {**prov, "speedup": speedups})
