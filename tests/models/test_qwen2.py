@@ -113,6 +113,9 @@ def test_configuration_errors_name_the_problem():
         ModelConfig(**dict(SMALL, num_heads=6, num_kv_heads=4, hidden_size=60))
     with pytest.raises(ValueError, match="unknown model"):
         ModelConfig.preset("gpt-5")
-    assert set(MODEL_PRESETS) == {"tiny", "small", "qwen2-0.5b", "qwen-7b", "qwen2.5-7b"}
+    assert set(MODEL_PRESETS) == {"tiny", "small", "small-mha", "qwen2-0.5b", "qwen-7b", "qwen2.5-7b"}
+    ModelConfig.preset("small-mha").check_tp(16)  # the TP study's model: every head sharded at TP = 16
+    with pytest.raises(ValueError, match=r"size 16 does not divide num_heads \(8\)"):
+        ModelConfig.preset("small").check_tp(16)
     assert 9.5e6 < ModelConfig.preset("small").num_parameters() < 11e6  # the convergence study's ~10M
     ModelConfig.preset("small").check_tp(2)
