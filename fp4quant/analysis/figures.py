@@ -15,7 +15,10 @@ import seaborn as sns  # noqa: E402
 
 from ..perfmodel import model_validation  # noqa: E402
 from ..provenance import atomic_write_bytes  # noqa: E402
+from . import style  # noqa: E402
 from .origin import origin_of_frame, pdf_metadata  # noqa: E402
+
+style.apply()  # Type 42 fonts, the series colours
 
 FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity", "traffic",
            "breakdown", "validation", "topology")
@@ -85,7 +88,7 @@ def kernels(df: pd.DataFrame, out, profile: str) -> None:
     rows = [(t, kind) for t in counts for kind in (("gbps", "fraction") if has_limit else ("gbps",))]
     fig, axes = plt.subplots(len(rows), len(ops), figsize=(4.2 * len(ops), 2.6 * len(rows)), sharex=True, squeeze=False)
     series = _order(measured.series)
-    palette = dict(zip(series, sns.color_palette("tab10", len(series))))
+    colours, marks = palette(series), markers(series)
     for col, op in enumerate(ops):
         for row, (threads, kind) in enumerate(rows):
             ax = axes[row][col]
@@ -94,12 +97,14 @@ def kernels(df: pd.DataFrame, out, profile: str) -> None:
                 s = o[o.series == name].sort_values("size_bytes")
                 if kind == "gbps":
                     err = [s.gbps - s.gbps_min, s.gbps_max - s.gbps] if "gbps_min" in s else None
-                    ax.errorbar(s.size_bytes, s.gbps, yerr=err, marker="o", ms=3, lw=1, capsize=2, color=palette[name],
-                                label=name)
+                    # naive_pack sends fp4quant's bytes at about its speed: hollow and dashed, beneath it
+                    ax.errorbar(s.size_bytes, s.gbps, yerr=err, marker=marks[name], ms=3, lw=1, capsize=2,
+                                color=colours[name], label=name, **_beneath(name))
                 else:
-                    ax.plot(s.size_bytes, s.fraction, marker="o", ms=3, lw=1, color=palette[name])
+                    ax.plot(s.size_bytes, s.fraction, marker=marks[name], ms=3, lw=1, color=colours[name],
+                            **_beneath(name))
                     if "fraction_min" in s and s.fraction_min.notna().all():  # each call against its paired copy
-                        ax.fill_between(s.size_bytes, s.fraction_min, s.fraction_max, color=palette[name], alpha=0.15,
+                        ax.fill_between(s.size_bytes, s.fraction_min, s.fraction_max, color=colours[name], alpha=0.15,
                                         lw=0)
             where = f"{threads} thread{'s' if threads != 1 else ''}" if threads else ""
             if kind == "gbps":
@@ -115,6 +120,12 @@ def kernels(df: pd.DataFrame, out, profile: str) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=7, bbox_to_anchor=(0.5, -0.04))
     _finish(fig, df, profile, out)
+
+
+def _beneath(name: str) -> dict:
+    """Line options that keep an ablation identical in bytes (naive_pack) visible beside, and
+    beneath, the method's line."""
+    return {"ls": "--", "mfc": "none", "zorder": 1} if name == "naive_pack" else {"zorder": 2}
 
 
 def _allreduce_series(df: pd.DataFrame) -> pd.DataFrame:
@@ -133,15 +144,15 @@ def _allreduce_series(df: pd.DataFrame) -> pd.DataFrame:
     return d.assign(speedup_low=b / d.latency_max_s.to_numpy(), speedup_high=b / d.latency_min_s.to_numpy())
 
 
-def _allreduce_row(d: pd.DataFrame, axes, where: str, colours: dict) -> None:
+def _allreduce_row(d: pd.DataFrame, axes, where: str, colours: dict, marks: dict) -> None:
     a, b = axes
     dtype = d.dtype.iloc[0] if "dtype" in d else "float32"
     for name in _order(d.series):
         s = d[d.series == name].sort_values("size_bytes")
-        a.plot(s.size_bytes, s.latency_s, "o-", ms=3, lw=1, color=colours[name], label=name)
+        a.plot(s.size_bytes, s.latency_s, marker=marks[name], ms=3, lw=1, color=colours[name], label=name)
         a.fill_between(s.size_bytes, s.latency_min_s, s.latency_max_s, color=colours[name], alpha=0.2, lw=0)
         if name != "uncompressed":
-            b.plot(s.size_bytes, s.speedup, "o-", ms=3, lw=1, color=colours[name], label=name)
+            b.plot(s.size_bytes, s.speedup, marker=marks[name], ms=3, lw=1, color=colours[name], label=name)
             b.fill_between(s.size_bytes, s.speedup_low, s.speedup_high, color=colours[name], alpha=0.2, lw=0)
     iters = f"{int(d.iters.min())}-{int(d.iters.max())}" if "iters" in d else "?"
     a.set(xscale="log", yscale="log", xlabel=f"message bytes per rank ({dtype})", ylabel="latency (s)",
@@ -164,10 +175,10 @@ def allreduce(df: pd.DataFrame, out, profile: str, emulated: pd.DataFrame | None
              if emulated is not None and len(emulated) else []) + [("measured over loopback (no shaping)", df)]
     frames = [(w, _allreduce_series(x)) for w, x in parts]
     names = _order(pd.concat([f.series for _, f in frames]))
-    colours = dict(zip(names, sns.color_palette("tab10", len(names))))  # one colour per series in every panel
+    colours, marks = style.colours(names), style.markers(names)  # one look per series in every panel
     fig, axes = plt.subplots(len(frames), 2, figsize=(11, 3.9 * len(frames)), squeeze=False)
     for row, (where, d) in zip(axes, frames):
-        _allreduce_row(d, row, where, colours)
+        _allreduce_row(d, row, where, colours, marks)
     fig.tight_layout()
     _finish(fig, pd.concat([x for _, x in parts], ignore_index=True), profile, out)
 
@@ -183,7 +194,7 @@ def breakdown(df: pd.DataFrame, out, profile: str) -> None:
     per_step = df.pivot_table(index=["series", "run", "step"], columns="part", values="seconds").reset_index()
     order = _order(per_step.series)
     fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(order), 3.6))
-    colours = dict(zip(BREAKDOWN_PARTS, sns.color_palette("Set2", len(BREAKDOWN_PARTS))))
+    colours = style.colours(BREAKDOWN_PARTS)
     bottom = pd.Series(0.0, index=order)
     for part in BREAKDOWN_PARTS:
         ms = per_step.groupby("series")[part].mean().reindex(order).fillna(0.0) * 1e3
@@ -209,17 +220,17 @@ ROLLING = 10  # steps in the convergence figure's moving average
 
 
 def palette(series) -> dict:
-    """One colour per TP communication, the same in every panel and figure."""
-    colours = sns.color_palette("tab10", n_colors=len(ORDER))
-    fixed = dict(zip(ORDER, colours))
-    extra = [v for v in _order(series) if v not in fixed]
-    return {**fixed, **dict(zip(extra, sns.color_palette("Set2", n_colors=max(len(extra), 1))))}
+    """One colour per series, the same in every panel and figure (analysis.style)."""
+    return style.colours(ORDER + _order(series))
+
+
+def markers(series) -> dict:
+    return style.markers(ORDER + _order(series))
 
 
 def dashes(series) -> dict:
-    """One line style per TP communication, the same in every panel (solid for the first)."""
-    styles = ["", (4, 1.5), (1, 1), (3, 1.25, 1.5, 1.25), (5, 1, 1, 1), (2, 2), (6, 2), (1, 2), (4, 1, 1, 1, 1, 1)]
-    return {v: styles[i % len(styles)] for i, v in enumerate(ORDER + [x for x in _order(series) if x not in ORDER])}
+    """One line style per series, the same in every panel (solid for the first)."""
+    return style.dashes(ORDER + _order(series))
 
 
 OFF_SCALE_NATS = 0.2  # a difference panel's curve this far (and 3x the typical) from 0 at the end is drawn off its axis
@@ -365,7 +376,7 @@ def topology(df: pd.DataFrame, out, profile: str) -> None:
     cells = list(dict.fromkeys(zip(df.cluster, df.tp)))
     fig, ax = plt.subplots(figsize=(11, 3.8))
     width = 0.8 / len(TOPOLOGY_ALGORITHMS)
-    palette = sns.color_palette("colorblind", len(TOPOLOGY_ALGORITHMS))
+    palette = list(style.colours(TOPOLOGY_ALGORITHMS).values())
     for k, (algo, label) in enumerate(TOPOLOGY_ALGORITHMS.items()):
         g = df[df.algorithm == algo].set_index(["cluster", "tp"]).reindex(cells)
         x = [i + (k - 1) * width for i in range(len(cells))]
@@ -395,7 +406,7 @@ def sensitivity(df: pd.DataFrame, out, profile: str) -> None:
     and a band from the lowest to the highest speedup over every value of the others."""
     fig, axes = plt.subplots(1, len(SENSITIVITY_AXES), figsize=(3.0 * len(SENSITIVITY_AXES), 3.2), sharey=True)
     base = df[df.baseline.astype(str) == "True"]
-    palette = dict(zip(dict.fromkeys(df.scenario), sns.color_palette(n_colors=df.scenario.nunique())))
+    colours = style.colours(df.scenario)
     for ax, (key, label) in zip(axes, SENSITIVITY_AXES.items()):
         for scenario, d in df.groupby("scenario", sort=False):
             b = base[base.scenario == scenario].iloc[0]
@@ -403,8 +414,8 @@ def sensitivity(df: pd.DataFrame, out, profile: str) -> None:
             alone = d[(d[others] == b[others]).all(axis=1)].sort_values(key)
             band = d.groupby(key).speedup.agg(["min", "max"]).reset_index()
             x = lambda v: v.astype(float)  # noqa: E731  (overlap: False/True as 0/1)
-            ax.fill_between(x(band[key]), band["min"], band["max"], color=palette[scenario], alpha=0.15, lw=0)
-            ax.plot(x(alone[key]), alone.speedup, "o-", color=palette[scenario], ms=3,
+            ax.fill_between(x(band[key]), band["min"], band["max"], color=colours[scenario], alpha=0.15, lw=0)
+            ax.plot(x(alone[key]), alone.speedup, "o-", color=colours[scenario], ms=3,
                     label=scenario.split(", ")[-1])
             ax.plot([float(b[key])], [b.speedup], "k*", ms=7)
         ax.axhline(1.0, color="k", lw=0.8)

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from . import style
 from .figures import _finish, _order, palette
 from .study import BASELINE, CONFIDENCE, StudyError, batch_paired_se, paired_difference
 
@@ -168,9 +169,6 @@ def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict]) 
     return "\n".join(lines) + "\n"
 
 
-MARKERS = {"fp4quant": "o", "nvfp4": "s", "fp8": "^", "bf16": "D", "exact": "v"}
-
-
 def loss_gap_figure(table: pd.DataFrame, conv: pd.DataFrame, out, profile: str) -> None:
     """Each config's paired difference to BF16 against the TP degree: the mean, its 95%
     interval, each seed's difference, and the margin as a band."""
@@ -180,7 +178,7 @@ def loss_gap_figure(table: pd.DataFrame, conv: pd.DataFrame, out, profile: str) 
         raise StudyError("no configuration has a paired comparison with bf16: nothing to draw")
     margin = float(table.margin.iloc[0])
     configs = _order(gaps.config)
-    colours = palette(configs)
+    colours, marks = palette(configs), style.markers(configs)
     tps = sorted(set(gaps.tp))
     fig, ax = plt.subplots(figsize=(5.2, 3.2))
     ax.axhspan(-margin, margin, color="0.92", zorder=0, label=f"margin +-{margin:g}")
@@ -189,7 +187,7 @@ def loss_gap_figure(table: pd.DataFrame, conv: pd.DataFrame, out, profile: str) 
     for i, name in enumerate(configs):
         g = gaps[gaps.config == name].sort_values("tp")
         x = np.array([tps.index(t) for t in g.tp]) + (i - (len(configs) - 1) / 2) * width
-        ax.errorbar(x, g.diff_mean, yerr=[g.diff_mean - g.ci_low, g.ci_high - g.diff_mean], fmt=MARKERS.get(name, "o"),
+        ax.errorbar(x, g.diff_mean, yerr=[g.diff_mean - g.ci_low, g.ci_high - g.diff_mean], fmt=marks[name],
                     color=colours[name], ms=5, capsize=3, lw=1.2, label=f"{name} - bf16 (mean, 95% CI)")
         for xi, tp in zip(x, g.tp):
             mine = conv[(conv.config == name) & (conv.tp == tp)].set_index("seed").final_val_loss
@@ -208,7 +206,7 @@ def sqnr_figure(summary: pd.DataFrame, out, profile: str) -> None:
     """SQNR of the all-reduced tensors against TP per preset and direction (median, min-max
     over the captured tensors), beside one message's SQNR (dashed)."""
     presets = _order(summary.preset)
-    colours = palette(presets)
+    colours, marks = palette(presets), style.markers(presets)
     fig, axes = plt.subplots(1, 2, figsize=(7, 3), sharey=True)
     for ax, direction in zip(axes, ("fwd", "bwd")):
         d = summary[summary.direction == direction]
@@ -217,7 +215,7 @@ def sqnr_figure(summary: pd.DataFrame, out, profile: str) -> None:
             if g.empty:
                 continue
             ax.errorbar(g.tp, g.sqnr_db_median, yerr=[g.sqnr_db_median - g.sqnr_db_min, g.sqnr_db_max - g.sqnr_db_median],
-                        fmt=MARKERS.get(name, "o") + "-", color=colours[name], ms=4, capsize=2, lw=1, label=name)
+                        fmt=marks[name] + "-", color=colours[name], ms=4, capsize=2, lw=1, label=name)
             ax.plot(g.tp, g.single_sqnr_db_median, ls="--", color=colours[name], lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(set(d.tp)), [str(t) for t in sorted(set(d.tp))])

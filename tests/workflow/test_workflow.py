@@ -97,6 +97,7 @@ def test_whole_pipeline_at_ci_scale(tmp_path):
     for name in FIGURES:
         pdf = tmp_path / "figures" / f"{name}.pdf"
         assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 5000
+        assert b"/Type3" not in pdf.read_bytes(), f"{name}.pdf embeds a Type 3 font"  # venues refuse them
     results = tmp_path / "data" / "ci" / "results"
     validation = pd.read_csv(results / "model_validation.csv")
     assert {"config", "component", "measured_s", "predicted_s", "rel_error"} <= set(validation.columns)
