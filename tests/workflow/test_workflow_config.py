@@ -185,3 +185,36 @@ def test_the_study_trains_each_batch_with_its_directions(tmp_path):
     (capture,) = [args for args, out in everything if out == "data/study/traffic/small"]
     assert "--model small " in capture and "--comm bf16 --steps 400 " in capture
     assert "--capture-traffic-steps 1,200,399 " in capture
+
+
+def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
+    """workflow/config/study_tp.yaml: its margin and TP degrees are stated; study_tp_batch1 trains
+    bf16 and fp4quant at TP = 16 on every seed with --simulate-tp, the BF16 run of the first seed
+    saving its traffic; the controls' batch runs exact at TP 2 and 1 and BF16's rounding alone at
+    TP 1 (--rounding-alone, no --simulate-tp); `study_tp` needs all of them (dry runs)."""
+    import re
+
+    config = REPO / "workflow/config/study_tp.yaml"
+
+    def dry_run(target):
+        r = subprocess.run([sys.executable, "-m", "snakemake", target, "--snakefile", str(REPO / "Snakefile"), "-n",
+                            "-p", "--cores", "1", "--configfile", str(config)],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert r.returncode == 0, r.stdout + r.stderr
+        return re.findall(r"-m fp4quant\.train (.*?) --out (\S+)", r.stdout)
+
+    study = yaml.safe_load(config.read_text())
+    tp = study["study_tp"]
+    assert tp["margin"] == 0.05 and tp["tps"] == [16, 8, 4, 2] and len(study["train"]["seeds"]) >= 5
+    first = dry_run("study_tp_batch1")
+    assert sorted(out for _, out in first) == sorted(f"data/study_tp/tp_runs/small-mha/tp16/{c}/seed{s}"
+                                                     for c in ("bf16", "fp4quant") for s in range(5))
+    for args, out in first:
+        assert "--tp 16 " in args and "--simulate-tp" in args
+        assert ("--capture-traffic-steps 1,200,399" in args) == out.endswith("tp16/bf16/seed0")
+    controls = {out.split("small-mha/")[1]: args for args, out in dry_run("study_tp_batch4")}
+    assert len(controls) == 15
+    assert "--comm bf16 " in controls["tp1/bf16-alone/seed3"] and "--rounding-alone" in controls["tp1/bf16-alone/seed3"]
+    assert "--simulate-tp" not in controls["tp1/exact/seed0"] and "--simulate-tp" in controls["tp2/exact/seed0"]
+    assert len([o for _, o in dry_run("study_tp") if "/tp_runs/" in o]) == 4 * (5 + 5 + 3 + 3) + 15
