@@ -27,6 +27,13 @@ from typing import Any
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The source a training run executes (tests/test_provenance.py holds fp4quant.train's imports to
+# it): the layers up to train, the data, the base modules, the C++/CUDA sources and their build.
+# A change elsewhere (analysis, bench, perfmodel, cluster, integrations, docs, workflow) leaves a
+# run's numbers as they were, so a study may gather its runs over several commits (code_digest).
+TRAINING_SOURCES = ("fp4quant/__init__.py", "fp4quant/provenance.py", "fp4quant/threads.py", "fp4quant/environment.py",
+                    "fp4quant/format", "fp4quant/reference", "fp4quant/ops", "fp4quant/comm", "fp4quant/parallel",
+                    "fp4quant/models", "fp4quant/data", "fp4quant/train", "csrc", "setup.py")
 
 
 def _git(*args: str) -> bytes:
@@ -84,6 +91,44 @@ def git_commit() -> str:
         return os.environ.get("FP4QUANT_COMMIT", "unknown")
 
 
+def _blob_line(rel: str, path: Path) -> str | None:
+    """``git ls-tree``'s "mode blob-sha1 path" of a working file (None if it is gone), computed as
+    git computes it, so that a clean tree's digest equals its commit's."""
+    try:
+        st = path.lstat()
+        data = os.readlink(path).encode() if stat.S_ISLNK(st.st_mode) else path.read_bytes()
+    except FileNotFoundError:
+        return None
+    mode = "120000" if stat.S_ISLNK(st.st_mode) else ("100755" if st.st_mode & 0o100 else "100644")
+    return f"{mode} {hashlib.sha1(b'blob %d' % len(data) + bytes(1) + data).hexdigest()}\t{rel}"
+
+
+def code_digest(commit: str | None = None, root: Path = REPO_ROOT) -> str:
+    """A digest of the training code (TRAINING_SOURCES): of the working tree (tracked and
+    untracked files git does not ignore, as they are on disk), or of ``commit``.  Two trees whose
+    training code is the same file for file have one digest, whatever else differs; 'unknown'
+    outside git (FP4QUANT_CODE if set)."""
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", "--no-optional-locks", *args], cwd=root, capture_output=True, timeout=30,
+                              check=True).stdout
+    try:
+        if commit is not None:
+            lines = [line.replace(" blob ", " ", 1) for line in
+                     git("ls-tree", "-r", "--full-tree", commit, "--", *TRAINING_SOURCES).decode().splitlines()]
+        else:
+            files = sorted({f for f in git("ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+                                           *TRAINING_SOURCES).decode().split("\0") if f})
+            lines = [line for line in (_blob_line(f, root / f) for f in files) if line is not None]
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("FP4QUANT_CODE", "unknown")
+    return hashlib.sha256("\n".join(sorted(lines, key=lambda line: line.split("\t", 1)[1])).encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def _working_code_digest() -> str:
+    return code_digest()
+
+
 @lru_cache(maxsize=1)
 def cpu_model() -> str:
     with contextlib.suppress(OSError):
@@ -108,6 +153,7 @@ def provenance(device: str | torch.device | None = None, **extra: Any) -> dict[s
     info: dict[str, Any] = {
         "fp4quant": __version__,
         "commit": git_commit(),
+        "code": _working_code_digest(),  # the training code's digest: equal across commits that leave it as it was
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,3 +127,44 @@ def test_without_git_provenance_falls_back(repo, monkeypatch):
     assert commit() == "abc123"
     monkeypatch.delenv("FP4QUANT_COMMIT")
     assert commit() == "unknown"
+
+
+def test_training_code_digest_follows_the_training_sources_only(repo):
+    """A study gathers runs over commits that leave the training code as it was: the digest of a
+    tree is its commit's when clean, moves with a training source (tracked, untracked, its mode),
+    and stays put when anything else changes."""
+    for rel in ("fp4quant/train/loop.py", "fp4quant/analysis/figures.py", "csrc/codec.cpp"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(f"# {rel}\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "two")
+    first = prov.code_digest(root=repo)
+    assert first == prov.code_digest("HEAD", root=repo) != prov.code_digest("HEAD~1", root=repo)
+    (repo / "fp4quant/analysis/figures.py").write_text("changed = True\n")
+    (repo / "code.py").write_text("x = 2\n")
+    assert prov.code_digest(root=repo) == first  # not training code
+    git(repo, "commit", "-qam", "three")
+    assert prov.code_digest("HEAD", root=repo) == first
+    (repo / "csrc/codec.cpp").write_text("// changed\n")
+    assert prov.code_digest(root=repo) != first
+    (repo / "csrc/codec.cpp").write_text("# csrc/codec.cpp\n")
+    assert prov.code_digest(root=repo) == first  # the same content again
+    (repo / "fp4quant/train/new.py").write_text("y = 1\n")  # untracked, not ignored: it may be imported
+    assert prov.code_digest(root=repo) != first
+    (repo / "fp4quant/train/new.py").unlink()
+    (repo / "fp4quant/train/loop.py").chmod(0o755)
+    assert prov.code_digest(root=repo) != first
+
+
+def test_the_training_code_is_all_a_training_run_imports():
+    """TRAINING_SOURCES must hold every fp4quant module the trainer loads, or a study would keep
+    runs whose code changed."""
+    probe = ("import sys, fp4quant.train.__main__, fp4quant.train.loop, fp4quant.train.simulate, fp4quant.data;"
+             "print('\\n'.join(sorted(m.__file__ for n, m in list(sys.modules.items()) if n.startswith('fp4quant')"
+             " and getattr(m, '__file__', None))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    root = prov.REPO_ROOT
+    loaded = [Path(f).resolve().relative_to(root).as_posix() for f in out.split()]
+    outside = [f for f in loaded if not f.endswith(".so")
+               and not any(f == s or f.startswith(s + "/") for s in prov.TRAINING_SOURCES)]
+    assert loaded and not outside, f"loaded by the trainer but not in TRAINING_SOURCES: {outside}"

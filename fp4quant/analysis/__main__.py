@@ -18,7 +18,7 @@ from . import claims, collect, figures, study, study_tp, tables, throughput, tra
 from .comparable import TP_VARIED, Incomparable, check_complete, check_runs
 from .figures import FIGURES, STUDY_FIGURES
 from .freeze import freeze
-from .origin import MixedOrigin, check_same_origin
+from .origin import MixedOrigin, check_same_origin, check_same_training_code
 from .tables import TABLES as PAPER_TABLES
 
 TABLES = (*PAPER_TABLES, "regime")
@@ -111,7 +111,7 @@ def cmd_study_tp(a) -> None:
     """The TP-degree study's results: its runs (tp_convergence.csv), their summary against BF16
     at each TP with the equivalence verdicts (CSV and Markdown), and the loss-gap figure."""
     check_complete(a.runs)
-    check_same_origin(run_inputs(a.runs))
+    check_same_training_code(a.runs)  # its runs gather over commits and machines: one training code
     check_runs(a.runs, also_varied=TP_VARIED)
     out = Path(a.out_dir)
     conv = study.runs(a.runs, a.profile)

@@ -157,11 +157,58 @@ def check_same_origin(paths: Iterable[str | Path]) -> dict:
 
 def origin_of_frame(df, profile: str) -> dict | None:
     """The provenance of a result table's rows (a pandas DataFrame) and the workflow profile, to
-    stamp on a figure or table made from them."""
+    stamp on a figure or table made from them: its commits joined by "; " (one, unless the rows
+    are a study's runs of one training code, check_same_training_code) and that code's digest."""
     if not len(df) or not all(k in df for k in KEYS):
         return None
-    return {"hardware": sorted(set(df["hardware"].astype(str))), "commit": str(df["commit"].iloc[0]),
-            "torch": str(df["torch"].iloc[0]), "profile": profile}
+    origin = {"hardware": sorted(set(df["hardware"].astype(str))), "commit": "; ".join(sorted(set(df["commit"].astype(str)))),
+              "torch": str(df["torch"].iloc[0]), "profile": profile}
+    if "code" in df:
+        origin["code"] = "; ".join(sorted(set(df["code"].astype(str))))
+    return origin
+
+
+def training_code(provenance: dict, where: str) -> str:
+    """The training code's digest a provenance records (fp4quant.provenance.code_digest); for a
+    run of before the digest was recorded, that of its commit, where git has it."""
+    from ..provenance import code_digest  # git, only where a record lacks the digest
+
+    if provenance.get("code"):
+        return str(provenance["code"])
+    commit = str(provenance.get("commit", ""))
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise MixedOrigin(f"{where} records no training-code digest, and its commit {commit!r} is not a clean "
+                          f"commit to take it from; {FIX}")
+    digest = code_digest(commit)
+    if digest == "unknown":
+        raise MixedOrigin(f"{where} records no training-code digest, and git cannot read its commit {commit[:12]}; {FIX}")
+    return digest
+
+
+def check_same_training_code(run_dirs: Iterable[str | Path]) -> dict:
+    """A study's runs may come from several commits and machines, but not from two training codes
+    or torch versions: every part of every run (its summary's segments, each a resume) must have
+    one code digest and torch.  Raise MixedOrigin naming two runs that differ; return the
+    common code and torch, and the commits and hardware seen."""
+    first: dict[str, tuple[str, str]] = {}
+    commits, hardware = set(), set()
+    for d in map(Path, run_dirs):
+        p = d / "summary.json"
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such file (a run whose origin must be checked)")
+        s = json.loads(p.read_text())
+        parts = [seg["provenance"] for seg in s.get("segments") or []] or [s["provenance"]]
+        for prov in parts:
+            found = {"code": training_code(prov, str(p)), "torch": str(prov.get("torch"))}
+            for k, v in found.items():
+                seen = first.setdefault(k, (str(p), v))
+                if seen[1] != v:
+                    raise MixedOrigin(f"mixed runs: {seen[0]} ran training code {k} {seen[1]} but {p} {v}; "
+                                      "retrain the study's runs at one training code (snakemake retrains those that differ)")
+            commits.add(str(prov.get("commit")))
+            hardware.add(str(prov.get("hardware")))
+    return {"code": first["code"][1], "torch": first["torch"][1], "commits": sorted(commits),
+            "hardware": sorted(hardware)} if first else {}
 
 
 def stamp_tex(text: str, origin: dict | None) -> str:

@@ -79,6 +79,8 @@ def runs(run_dirs: list[str | Path], profile: str) -> pd.DataFrame:
             "tokens_per_s": s["tokens_per_s"], "model": cfg["model"], "profile": profile, "run": str(d),
             "val_batch_losses": json.dumps(batches),
             **{k: s["provenance"][k] for k in PROVENANCE_COLUMNS},
+            "code": s["provenance"].get("code", ""),  # the training code's digest (a study may span commits)
+            "parts": len(s.get("segments") or [None]),  # resumed under other code, torch or hardware: more than one
         })
     df = pd.DataFrame(rows)
     dup = df[df.duplicated(["config", "tp", "seed"])]

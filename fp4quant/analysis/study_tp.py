@@ -141,8 +141,9 @@ def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict]) 
     f = lambda v, fmt: "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)  # noqa: E731
     first = conv.iloc[0]
     margin = float(table.margin.iloc[0])
-    lines = [f"<!-- provenance: {'; '.join(sorted(set(conv.hardware.astype(str))))}, commit {first.commit}, "
-             f"torch {first.torch} -->",
+    commits = sorted({str(c)[:12] for c in conv.commit})
+    lines = [f"<!-- provenance: {'; '.join(sorted(set(conv.hardware.astype(str))))}; training code {first.code} "
+             f"(commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}), torch {first.torch} -->",
              f"Final validation loss (nats/token), model {first.model}, {int(first.steps)} steps of "
              f"{int(first.tokens) // int(first.steps)} tokens, {int(first.val_batches)} validation batches (the same "
              f"for every run); ranks: {', '.join(sorted(set(conv.ranks.astype(str))))}.  Difference: config - "

@@ -30,31 +30,25 @@ import time
 from pathlib import Path
 
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
+from ..threads import cores
 
 KINDS = ("real", "simulated")
 FLOOR = "tp1"  # the whole model in one process
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def launch(kind: str, world: int, train_args: list[str], out: Path) -> tuple[dict, float]:
     """One training run of ``kind``: (its summary, the process's wall seconds)."""
-    cores = _cores()
+    n = cores()
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     if kind == FLOOR:
-        env["OMP_NUM_THREADS"] = str(cores)
+        env["OMP_NUM_THREADS"] = str(n)
         cmd = [sys.executable, "-m", "fp4quant.train", *train_args, "--tp", "1", "--out", str(out)]
     elif kind == "real":
-        env["OMP_NUM_THREADS"] = str(max(1, cores // world))
+        env["OMP_NUM_THREADS"] = str(max(1, n // world))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                "-m", "fp4quant.train", *train_args, "--tp", str(world), "--out", str(out)]
     else:
-        env["OMP_NUM_THREADS"] = str(cores)  # the process's: shared out between the ranks
+        env["OMP_NUM_THREADS"] = str(n)  # the process's: shared out between the ranks
         cmd = [sys.executable, "-m", "fp4quant.train", *train_args, "--tp", str(world), "--simulate-tp",
                "--out", str(out)]
     t0 = time.perf_counter()
@@ -89,7 +83,7 @@ def main(argv=None) -> int:
                   "--keep-checkpoints", "1"]
     if a.data:
         train_args += ["--data", a.data]
-    prov = provenance("cpu", kind="measured", cores=_cores(), worlds=worlds, repeats=a.repeats, train_args=train_args,
+    prov = provenance("cpu", kind="measured", cores=cores(), worlds=worlds, repeats=a.repeats, train_args=train_args,
                       what="tokens/s of fp4quant.train: torchrun ranks over gloo vs --simulate-tp threads "
                            "(fp4quant.bench.simulated_ranks)")
     rows = []

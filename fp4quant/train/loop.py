@@ -75,6 +75,11 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def _differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two provenances name different code, versions or hardware (not just another time)."""
+    return any(a.get(k) != b.get(k) for k in ("commit", "code", "torch", "cuda", "hardware", "host"))
+
+
 class Trainer:
     """One rank's training: ``ranks`` torch.distributed's (the default) or a simulated rank's
     (fp4quant.train.simulate)."""
@@ -124,6 +129,9 @@ class Trainer:
         self.tokens_per_step = self.mesh.dp * cfg.batch_size * cfg.seq_len
         self.history: list[str] = []  # rank 0: the log lines of steps 0 .. step-1
         self.schedule = [{"from_step": 0, "steps": cfg.steps}]  # the --steps each part of the run decayed over
+        # what ran each part of the run (a resume under other code, torch or hardware starts a part):
+        # the summary's provenance is the first part's, taken when the run started
+        self.segments = [{"from_step": 0, "provenance": provenance(self.device)}]
         self.last_checkpoint: int | None = None
         self.validate_next_step = True
         self.label = run_name(cfg.comm if self.mesh.tp > 1 else "exact", cfg.compress if self.mesh.tp > 1 else "both",
@@ -193,6 +201,11 @@ class Trainer:
             torch.cuda.set_rng_state(state["rng_cuda"])
         self.step = self.last_checkpoint = step
         self.schedule = found.manifest["schedule"]
+        now = {"from_step": step, "provenance": self.segments[0]["provenance"]}
+        # a checkpoint of before segments were kept records the provenance of its last save only
+        self.segments = found.manifest.get("segments") or [{"from_step": None, "provenance": found.manifest["provenance"]}]
+        if _differs(self.segments[-1]["provenance"], now["provenance"]):
+            self.segments.append(now)
         if self.schedule[-1]["steps"] != self.cfg.steps:  # extended (resume_differences allows only more steps)
             self.schedule = [*self.schedule, {"from_step": step, "steps": self.cfg.steps}]
         if self.is_logger:
@@ -441,7 +454,7 @@ class Trainer:
 
     def _save(self) -> None:
         meta = {"config": self.cfg.to_dict(), **self._identity(), "schedule": self.schedule,
-                "provenance": provenance(self.device)}
+                "provenance": provenance(self.device), "segments": self.segments}
         checkpoint.save(self.out, self.step, self.ranks, self._state(), self.cfg.keep_checkpoints,
                         "".join(line + "\n" for line in self.history) if self.is_logger else None, meta)
         self.last_checkpoint = self.step
@@ -455,7 +468,8 @@ class Trainer:
             return sum(r[key] for r in records)
 
         return {
-            "provenance": provenance(self.device, config=self.cfg.to_dict()),
+            "provenance": {**self.segments[0]["provenance"], "config": self.cfg.to_dict()},
+            "segments": self.segments,
             "mesh": {"world": self.mesh.world, "tp": self.mesh.tp, "dp": self.mesh.dp,
                      "backend": self.ranks.backend, "device": self.device.type},
             "model": self.model.cfg.to_dict(),

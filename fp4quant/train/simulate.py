@@ -26,21 +26,15 @@ import torch
 
 from ..comm.local import LocalGroup, LocalRank, run_ranks
 from ..data import TokenDataset
+from ..threads import cores
 from .loop import Trainer
 from .ranks import SimulatedRanks
 from .train_config import TrainConfig
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def _op_threads() -> int:
     """The process's op threads: OMP_NUM_THREADS when set, else the cores."""
-    return int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit() else _cores()
+    return int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit() else cores()
 
 
 def threads_per_rank(world: int) -> int:

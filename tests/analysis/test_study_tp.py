@@ -16,12 +16,16 @@ from fp4quant.analysis.__main__ import main as analysis_main
 from test_study import PROV, write_run
 
 
+CODE = "c0de" * 4  # the training code's digest every synthetic run records
+
+
 def tp_run(root, tp, comm, seed, batches, **config):
     folder = write_run(root / f"tp{tp}" / comm / f"seed{seed}", comm.removesuffix("-alone"), seed, batches, tp=tp,
                        **({"rounding_alone": True} if comm.endswith("-alone") else {}), **config)
     summary = json.loads((folder / "summary.json").read_text())
     summary["mesh"].update(tp=tp, world=tp, backend="simulated" if tp > 1 else None)
     summary["comm"] = {"label": comm if tp > 1 or comm.endswith("-alone") else "exact"}
+    summary["provenance"]["code"] = CODE
     (folder / "summary.json").write_text(json.dumps(summary))
     return folder
 
@@ -108,3 +112,29 @@ def test_runs_of_another_model_are_refused_in_one_line(runs, tmp_path, capsys):
                           "--out-dir", str(tmp_path / "r"), "--figure", str(tmp_path / "f.pdf")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("fp4quant.analysis: error: runs differ in model")
+
+
+def test_runs_of_several_commits_and_machines_but_one_training_code_are_one_study(runs, tmp_path, capsys):
+    """The study's runs gather over sittings: other commits and CPUs are named, not refused; a run
+    of other training code (or a part of one, resumed under it) is refused in one line."""
+    def edit(folder, **prov):
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["provenance"].update(prov)
+        summary["segments"] = [{"from_step": 0, "provenance": {k: v for k, v in summary["provenance"].items()
+                                                               if k != "config"}}]
+        (folder / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    edit(runs[0], commit="b" * 40, hardware="Intel(R) Xeon(R) Processor, 2 cores (CPU)")
+    args = ["study-tp", "--profile", "p", "--runs", *map(str, runs), "--margin", "0.05", "--order", "bf16", "fp4quant",
+            "--out-dir", str(tmp_path / "r"), "--figure", str(tmp_path / "f.pdf")]
+    assert analysis_main(args) == 0
+    head = (tmp_path / "r" / "tp_summary.md").read_text().splitlines()[0]
+    assert "Intel(R) Xeon" in head and "AMD EPYC" in head and f"training code {CODE}" in head and "bbbbbbbbbbbb" in head
+    summary = edit(runs[3])
+    summary["segments"].append({"from_step": 100, "provenance": {**summary["segments"][0]["provenance"], "code": "other"}})
+    (runs[3] / "summary.json").write_text(json.dumps(summary))
+    capsys.readouterr()
+    assert analysis_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mixed runs" in err[0] and str(runs[3]) in err[0] and "other" in err[0], err

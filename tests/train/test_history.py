@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from distributed import run_ranks
-from fp4quant.train import TrainConfig
+from fp4quant.train import TrainConfig, loop
 from fp4quant.train.consistency import resume_differences
 from fp4quant.train.__main__ import main
 from train.launch import cli, flags
@@ -66,6 +66,25 @@ def test_rerun_after_interruption_restores_the_whole_log(run, data, capsys):
     same_history(records(out), want)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"] == 6 and summary["steps"] == STEPS
+
+
+def test_a_run_resumed_under_other_code_keeps_its_start_and_names_each_part(run, data, capsys, monkeypatch):
+    """The summary's provenance is the run's start; a resume under another commit or training
+    code adds a part (segments), which a study's analysis checks against its training code."""
+    out, want, want_summary = run
+    shutil.rmtree(out / "checkpoints" / "step_000008")
+    snakemake_cleanup(out)
+    started = want_summary["provenance"]
+    assert want_summary["segments"] == [{"from_step": 0, "provenance": {k: v for k, v in started.items() if k != "config"}}]
+    real = loop.provenance
+    monkeypatch.setattr(loop, "provenance", lambda *a, **kw: {**real(*a, **kw), "commit": "f" * 40, "code": "0" * 16})
+    status, err = cli(capsys, **run_kw(data, out))
+    assert status == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["provenance"]["commit"] == started["commit"] and summary["provenance"]["time"] == started["time"]
+    assert [s["from_step"] for s in summary["segments"]] == [0, 6]
+    assert summary["segments"][1]["provenance"]["code"] == "0" * 16
+    same_history(records(out), want)
 
 
 def test_rerun_when_the_last_checkpoint_is_the_final_step(run, data, capsys):

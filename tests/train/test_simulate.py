@@ -112,7 +112,7 @@ def test_the_cores_are_shared_out_between_the_ranks(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     assert [simulate.threads_per_rank(w) for w in (2, 4, 16)] == [4, 2, 1]
     monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setattr(simulate, "_cores", lambda: 2)
+    monkeypatch.setattr(simulate, "cores", lambda: 2)
     assert simulate.threads_per_rank(2) == 1
 
 

@@ -11,7 +11,7 @@ import shutil
 
 import torch
 from fp4quant.analysis.collect import identical_bytes
-from fp4quant.provenance import git_commit, hardware
+from fp4quant.provenance import code_digest, git_commit, hardware
 from fp4quant.train.train_config import parse_run_name, run_name
 
 PROFILE = config["profile"]
@@ -57,6 +57,11 @@ if not HAVE_LATEXMK:
 # results of two commits or machines side by side (the analysis steps also check it).
 PROVENANCE_KEY = f"{git_commit()}, torch {torch.__version__}" + (
     f", {hardware()}" if config["launcher"]["kind"] == "torchrun" else "")  # elsewhere jobs run on other hosts
+# A study whose runs take longer than a sitting (study_tp) keys its runs on the training code
+# alone (fp4quant.provenance.code_digest): its runs gather over commits that leave that code as it
+# was, and on any machine (each run's summary names its commit and hardware; the analysis checks
+# that every run has this code and torch).  Its timings are no result.
+TRAINING_KEY = f"training code {code_digest()}, torch {torch.__version__}"
 
 
 def q(*words):
@@ -111,10 +116,10 @@ RUN_VARIANTS = [variant(c, k) for c in RUN_COMMS for k in (COMPUTES if c in TRAI
 RUN_DIRS = [run_dir(v, s) for v in RUN_VARIANTS for s in seeds_of(v.partition("+")[0])]
 
 
-def fresh_run(wildcards, args, inputs, folder=run_dir):
+def fresh_run(wildcards, args, inputs, folder=run_dir, provenance=PROVENANCE_KEY):
     """The command that empties a run folder (``folder(comm, seed)``) unless it holds a run of exactly
     this job (same provenance key, arguments and input files), which the trainer then resumes after an interruption."""
-    key = json.dumps({"provenance": PROVENANCE_KEY, "args": args})
+    key = json.dumps({"provenance": provenance, "args": args})
     return q(PY, f"{BASE}/workflow/scripts/fresh_run.py", folder(wildcards.comm, wildcards.seed), key, list(inputs))
 
 

@@ -42,10 +42,12 @@ if STUDY_TP:
             extra += ["--capture-traffic-steps", STUDY_TP["traffic_steps"]]
         return flags + " " + q(extra) if extra else flags
 
+    # The runs' key is TRAINING_KEY (common.smk), and their inputs are ancient: a new commit reruns
+    # the data and build rules, but a run of the same training code on the same tokens is kept.
     rule tp_train:
         input:
-            data=rules.prepare_data.output.meta,
-            build=rules.build_extension.output.info,
+            data=ancient(rules.prepare_data.output.meta),
+            build=ancient(rules.build_extension.output.info),
         output:
             summary=f"{OUT}/tp_runs/{MODEL}/tp{{tp}}/{{comm}}/seed{{seed}}/summary.json",
         log:
@@ -56,8 +58,9 @@ if STUDY_TP:
         params:
             args=tp_train_args,
             run=lambda wc: tp_run_dir(wc.tp, wc.comm, wc.seed),
-            fresh=lambda wc, input: fresh_run(wc, f"tp_train {tp_train_args(wc)}", input,
-                                              folder=lambda comm, seed: tp_run_dir(wc.tp, comm, seed)),
+            fresh=lambda wc: fresh_run(wc, f"tp_train {tp_train_args(wc)}", [f"{OUT}/tokens/tokens.bin"],
+                                       folder=lambda comm, seed: tp_run_dir(wc.tp, comm, seed),
+                                       provenance=TRAINING_KEY),
         threads: TP_THREADS
         shell:
             # one process: its ranks are threads (--simulate-tp); resumes after an interruption
