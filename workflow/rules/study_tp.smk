@@ -42,12 +42,22 @@ if STUDY_TP:
             extra += ["--capture-traffic-steps", STUDY_TP["traffic_steps"]]
         return flags + " " + q(extra) if extra else flags
 
-    # The runs' key is TRAINING_KEY (common.smk), and their inputs are ancient: a new commit reruns
-    # the data and build rules, but a run of the same training code on the same tokens is kept.
+    # The runs' key is TRAINING_KEY (common.smk), not the commit: a new commit reruns the data and
+    # build rules, whose outputs the runs take as ancient, but only a change of the training code
+    # (or torch) rewrites training_code.txt, and so retrains them (fresh_run empties their folders).
+    rule study_tp_training_code:
+        output:
+            f"{OUT}/training_code.txt",
+        params:
+            key=TRAINING_KEY,
+        shell:
+            "printf '%s\\n' {params.key:q} > {output:q}.tmp && mv {output:q}.tmp {output:q}"
+
     rule tp_train:
         input:
             data=ancient(rules.prepare_data.output.meta),
             build=ancient(rules.build_extension.output.info),
+            code=rules.study_tp_training_code.output,
         output:
             summary=f"{OUT}/tp_runs/{MODEL}/tp{{tp}}/{{comm}}/seed{{seed}}/summary.json",
         log:
