@@ -28,12 +28,13 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The source a training run executes (tests/test_provenance.py holds fp4quant.train's imports to
-# it): the layers up to train, the data, the base modules, the C++/CUDA sources and their build.
+# it): the layers up to train, the data, the base modules, the C++/CUDA sources and their build
+# (setup.py and the toolchain module it loads).
 # A change elsewhere (analysis, bench, perfmodel, cluster, integrations, docs, workflow) leaves a
 # run's numbers as they were, so a study may gather its runs over several commits (code_digest).
 TRAINING_SOURCES = ("fp4quant/__init__.py", "fp4quant/provenance.py", "fp4quant/threads.py", "fp4quant/environment.py",
                     "fp4quant/format", "fp4quant/reference", "fp4quant/ops", "fp4quant/comm", "fp4quant/parallel",
-                    "fp4quant/models", "fp4quant/data", "fp4quant/train", "csrc", "setup.py")
+                    "fp4quant/models", "fp4quant/data", "fp4quant/train", "csrc", "setup.py", "fp4quant/toolchain.py")
 
 
 def _git(*args: str) -> bytes:

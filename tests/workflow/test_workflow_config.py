@@ -202,6 +202,11 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
                            cwd=tmp_path, capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PYTHONPATH": str(REPO)})
         assert r.returncode == 0, r.stdout + r.stderr
+        # the runs are keyed on the training code, not the commit (provenance: training_code)
+        keys = re.findall(r'fresh_run\.py \S+ \'\{"provenance": "([^"]*)"', r.stdout)
+        assert keys and all(k.startswith("training code ") for k in keys), keys
+        assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip() \
+            not in r.stdout
         return re.findall(r"-m fp4quant\.train (.*?) --out (\S+)", r.stdout)
 
     study = yaml.safe_load(config.read_text())

@@ -57,11 +57,13 @@ if not HAVE_LATEXMK:
 # results of two commits or machines side by side (the analysis steps also check it).
 PROVENANCE_KEY = f"{git_commit()}, torch {torch.__version__}" + (
     f", {hardware()}" if config["launcher"]["kind"] == "torchrun" else "")  # elsewhere jobs run on other hosts
-# A study whose runs take longer than a sitting (study_tp) keys its runs on the training code
-# alone (fp4quant.provenance.code_digest): its runs gather over commits that leave that code as it
-# was, and on any machine (each run's summary names its commit and hardware; the analysis checks
-# that every run has this code and torch).  Its timings are no result.
+# A profile of training runs that take longer than a sitting (`provenance: training_code`: the TP
+# study) keys them on the training code instead (fp4quant.provenance.code_digest): its runs gather
+# over commits that leave that code as it was, and over machines (each run's summary names its
+# commit and hardware, and the study's analysis checks that every run has one code and torch).
+# Its timings are no result.
 TRAINING_KEY = f"training code {code_digest()}, torch {torch.__version__}"
+ROOT_KEY = TRAINING_KEY if config.get("provenance", "commit") == "training_code" else PROVENANCE_KEY
 
 
 def q(*words):
@@ -116,10 +118,10 @@ RUN_VARIANTS = [variant(c, k) for c in RUN_COMMS for k in (COMPUTES if c in TRAI
 RUN_DIRS = [run_dir(v, s) for v in RUN_VARIANTS for s in seeds_of(v.partition("+")[0])]
 
 
-def fresh_run(wildcards, args, inputs, folder=run_dir, provenance=PROVENANCE_KEY):
+def fresh_run(wildcards, args, inputs, folder=run_dir):
     """The command that empties a run folder (``folder(comm, seed)``) unless it holds a run of exactly
     this job (same provenance key, arguments and input files), which the trainer then resumes after an interruption."""
-    key = json.dumps({"provenance": provenance, "args": args})
+    key = json.dumps({"provenance": ROOT_KEY, "args": args})
     return q(PY, f"{BASE}/workflow/scripts/fresh_run.py", folder(wildcards.comm, wildcards.seed), key, list(inputs))
 
 

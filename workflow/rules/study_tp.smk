@@ -42,22 +42,10 @@ if STUDY_TP:
             extra += ["--capture-traffic-steps", STUDY_TP["traffic_steps"]]
         return flags + " " + q(extra) if extra else flags
 
-    # The runs' key is TRAINING_KEY (common.smk), not the commit: a new commit reruns the data and
-    # build rules, whose outputs the runs take as ancient, but only a change of the training code
-    # (or torch) rewrites training_code.txt, and so retrains them (fresh_run empties their folders).
-    rule study_tp_training_code:
-        output:
-            f"{OUT}/training_code.txt",
-        params:
-            key=TRAINING_KEY,
-        shell:
-            "printf '%s\\n' {params.key:q} > {output:q}.tmp && mv {output:q}.tmp {output:q}"
-
     rule tp_train:
         input:
-            data=ancient(rules.prepare_data.output.meta),
-            build=ancient(rules.build_extension.output.info),
-            code=rules.study_tp_training_code.output,
+            data=rules.prepare_data.output.meta,
+            build=rules.build_extension.output.info,
         output:
             summary=f"{OUT}/tp_runs/{MODEL}/tp{{tp}}/{{comm}}/seed{{seed}}/summary.json",
         log:
@@ -68,9 +56,8 @@ if STUDY_TP:
         params:
             args=tp_train_args,
             run=lambda wc: tp_run_dir(wc.tp, wc.comm, wc.seed),
-            fresh=lambda wc: fresh_run(wc, f"tp_train {tp_train_args(wc)}", [f"{OUT}/tokens/tokens.bin"],
-                                       folder=lambda comm, seed: tp_run_dir(wc.tp, comm, seed),
-                                       provenance=TRAINING_KEY),
+            fresh=lambda wc, input: fresh_run(wc, f"tp_train {tp_train_args(wc)}", input,
+                                              folder=lambda comm, seed: tp_run_dir(wc.tp, comm, seed)),
         threads: TP_THREADS
         shell:
             # one process: its ranks are threads (--simulate-tp); resumes after an interruption

@@ -10,7 +10,7 @@ rule prepare_data:
     params:
         inputs=q("--input", config["data"]["inputs"]) if config.get("data", {}).get("inputs") else "",
         tokenizer=q("--tokenizer", config["data"]["tokenizer"]) if config.get("data", {}).get("tokenizer") else "",
-        provenance=PROVENANCE_KEY,  # the tokenizer is code too
+        provenance=ROOT_KEY,  # the tokenizer is code too
     shell:
         "{PY:q} -m fp4quant.data prepare --out {OUT:q}/tokens {params.inputs} {params.tokenizer} 2> {log:q}"
 
