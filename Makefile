@@ -10,7 +10,7 @@ DEPS_FILES := pyproject.toml scripts/bootstrap.py setup.py fp4quant/toolchain.py
 DEPS_HASH := $(shell cat $(DEPS_FILES) 2>/dev/null | sha1sum | cut -c1-12)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
 
-.PHONY: test figures figures-clean setup clean
+.PHONY: test figures figures-clean paper setup clean
 
 setup: $(STAMP)
 
@@ -27,11 +27,19 @@ test: $(STAMP)
 figures: $(STAMP)
 	$(VENV)/bin/snakemake --cores all --configfile workflow/config/installed.yaml $(SNAKEMAKE_ARGS)
 
+# The paper from the canonical frozen results (reference/ and data/), as docs/paper.pdf: the copy
+# the README links (needs latexmk; `make figures` builds paper/build/main.pdf from your own run).
+PAPER_SOURCES = --results reference/figures-zen4/data/cpu/results --study reference/study-convergence \
+	--clusters data/projection_clusters.csv --topology data/allreduce_2x2_emulated.csv
+paper: $(STAMP)
+	$(PY) -m fp4quant.analysis paper $(PAPER_SOURCES) --out-dir paper/build-reference
+	cp paper/build-reference/main.pdf docs/paper.pdf
+
 # Remove what `make figures` produced (profile cpu; FIGURES_PROFILE=<profile> for another),
 # checkpoints included, so that the next run computes everything afresh.
 FIGURES_PROFILE ?= cpu
 figures-clean:
-	rm -rf data/$(FIGURES_PROFILE) figures/*.pdf paper/tables paper/main.pdf
+	rm -rf data/$(FIGURES_PROFILE) figures/*.pdf paper/tables paper/main.pdf paper/build
 
 clean:
 	rm -rf $(VENV) build *.egg-info

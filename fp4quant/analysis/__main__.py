@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..provenance import atomic_write_csv, atomic_write_text
-from . import claims, collect, figures, study, study_tp, tables, throughput, tradeoff
+from . import claims, collect, figures, paper, study, study_tp, tables, throughput, tradeoff
 from .comparable import TP_VARIED, Incomparable, check_complete, check_runs
 from .figures import FIGURES, STUDY_FIGURES
 from .freeze import freeze
@@ -197,6 +197,16 @@ def cmd_claims(a) -> int:
     return 0
 
 
+def cmd_paper(a) -> None:
+    """The paper's figures, tables and numbers from the given results, and main.pdf where latexmk is."""
+    opt = lambda v: Path(v) if v else None  # noqa: E731
+    clusters = a.clusters or next((str(p) for p in [Path(a.results) / "projection_clusters.csv"] if p.exists()), None)
+    src = paper.Sources(Path(a.results), opt(a.study), opt(a.study_tp), opt(clusters), opt(a.topology))
+    pdf = paper.Paper(src, Path(a.out_dir)).build(pdf=not a.no_pdf)
+    print(f"fp4quant.analysis paper: {pdf or Path(a.out_dir) / 'main.tex'}"
+          + ("" if pdf else " (no PDF: latexmk not found, or --no-pdf)"), file=sys.stderr)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fp4quant.analysis", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -236,6 +246,14 @@ def main(argv=None) -> int:
     st.add_argument("--margin", type=float, required=True, help="the equivalence margin (nats), declared before the runs")
     st.add_argument("--out-dir", required=True, help="tp_convergence.csv, tp_summary.csv and .md")
     st.add_argument("--figure", required=True, help="the loss gap against TP (PDF)")
+    pp = sub.add_parser("paper", help="the paper's figures, tables and numbers from results files, and its PDF")
+    pp.add_argument("--results", required=True, help="a run's results folder (data/<profile>/results, or a frozen one)")
+    pp.add_argument("--study", default=None, help="the TP = 2 convergence study's folder (results/, bench/)")
+    pp.add_argument("--study-tp", default=None, help="the TP-degree study's folder (results/, bench/)")
+    pp.add_argument("--clusters", default=None, help="the topology projection (projection_clusters.csv)")
+    pp.add_argument("--topology", default=None, help="its emulated 2 x 2 all-reduce (allreduce_2x2_emulated.csv)")
+    pp.add_argument("--out-dir", required=True)
+    pp.add_argument("--no-pdf", action="store_true", help="write the sources only")
     sq = sub.add_parser("study-tp-sqnr", help="the SQNR of the all-reduced traffic against TP (a figure)")
     sq.add_argument("--profile", required=True)
     sq.add_argument("--summary", required=True, help="bench.reduced_error's summary CSV")
@@ -273,7 +291,8 @@ def main(argv=None) -> int:
                   f"into {a.to}", file=sys.stderr)
         else:
             {"collect": cmd_collect, "throughput": cmd_throughput, "ablation": cmd_ablation, "study": cmd_study,
-             "study-tp": cmd_study_tp, "study-tp-sqnr": cmd_study_tp_sqnr, "figure": cmd_figure, "table": cmd_table}[a.command](a)
+             "study-tp": cmd_study_tp, "study-tp-sqnr": cmd_study_tp_sqnr, "figure": cmd_figure, "table": cmd_table,
+             "paper": cmd_paper}[a.command](a)
     except (MixedOrigin, Incomparable, FileNotFoundError, FileExistsError, ValueError, study.StudyError) as exc:
         print(f"fp4quant.analysis: error: {exc}", file=sys.stderr)
         return 2

@@ -145,15 +145,23 @@ def _allreduce_series(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _allreduce_row(d: pd.DataFrame, axes, where: str, colours: dict, marks: dict) -> None:
+    """A series' colour and marker are its format's (as in every figure), its line its algorithm's:
+    solid two-shot, dashed one-shot; only two-shot draws its band, so the panel stays readable."""
     a, b = axes
     dtype = d.dtype.iloc[0] if "dtype" in d else "float32"
     for name in _order(d.series):
         s = d[d.series == name].sort_values("size_bytes")
-        a.plot(s.size_bytes, s.latency_s, marker=marks[name], ms=3, lw=1, color=colours[name], label=name)
-        a.fill_between(s.size_bytes, s.latency_min_s, s.latency_max_s, color=colours[name], alpha=0.2, lw=0)
+        fmt = name.split()[0]
+        look = {"marker": marks[fmt], "ms": 3, "lw": 1, "color": colours[fmt], "label": name,
+                "ls": "--" if name.endswith("one_shot") else "-", "mfc": "none" if name.endswith("one_shot") else None}
+        band = not name.endswith("one_shot")
+        a.plot(s.size_bytes, s.latency_s, **look)
+        if band:
+            a.fill_between(s.size_bytes, s.latency_min_s, s.latency_max_s, color=colours[fmt], alpha=0.15, lw=0)
         if name != "uncompressed":
-            b.plot(s.size_bytes, s.speedup, marker=marks[name], ms=3, lw=1, color=colours[name], label=name)
-            b.fill_between(s.size_bytes, s.speedup_low, s.speedup_high, color=colours[name], alpha=0.2, lw=0)
+            b.plot(s.size_bytes, s.speedup, **look)
+            if band:
+                b.fill_between(s.size_bytes, s.speedup_low, s.speedup_high, color=colours[fmt], alpha=0.15, lw=0)
     iters = f"{int(d.iters.min())}-{int(d.iters.max())}" if "iters" in d else "?"
     a.set(xscale="log", yscale="log", xlabel=f"message bytes per rank ({dtype})", ylabel="latency (s)",
           title=textwrap.fill(f"{where}: all-reduce, {d.world_size.iloc[0]} ranks, {d.backend.iloc[0]}; "
@@ -163,7 +171,7 @@ def _allreduce_row(d: pd.DataFrame, axes, where: str, colours: dict, marks: dict
           title=textwrap.fill(f"{where}: speedup (band: uncompressed median / compressed max..min)", 75))
     for ax in axes:
         ax.title.set_fontsize(7)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, ncol=2)
 
 
 def allreduce(df: pd.DataFrame, out, profile: str, emulated: pd.DataFrame | None = None,
@@ -174,8 +182,11 @@ def allreduce(df: pd.DataFrame, out, profile: str, emulated: pd.DataFrame | None
     parts = ([("measured on the emulated cluster" + (f" ({network})" if network else ""), emulated)]
              if emulated is not None and len(emulated) else []) + [("measured over loopback (no shaping)", df)]
     frames = [(w, _allreduce_series(x)) for w, x in parts]
-    names = _order(pd.concat([f.series for _, f in frames]))
-    colours, marks = style.colours(names), style.markers(names)  # one look per series in every panel
+    # one look per format in every panel and figure: the uncompressed all-reduce is exact's
+    formats = ["exact" if n == "uncompressed" else n.split()[0] for n in _order(pd.concat([f.series for _, f in frames]))]
+    colours, marks = style.colours(formats), style.markers(formats)
+    if "exact" in colours:
+        colours["uncompressed"], marks["uncompressed"] = colours["exact"], marks["exact"]
     fig, axes = plt.subplots(len(frames), 2, figsize=(11, 3.9 * len(frames)), squeeze=False)
     for row, (where, d) in zip(axes, frames):
         _allreduce_row(d, row, where, colours, marks)
@@ -339,9 +350,11 @@ def traffic(df: pd.DataFrame, out, profile: str) -> None:
     _finish(fig, df, profile, out)
 
 
-def projection(df: pd.DataFrame, out, profile: str) -> None:
+def projection(df: pd.DataFrame, out, profile: str, sensitivity: pd.DataFrame | None = None) -> None:
     """Left: the step model against the emulated cluster's measured tokens/s.  Right: its
-    projection of FP4Quant's speedup over BF16 for Qwen-7B on H100 nodes, beside the paper's."""
+    projection of FP4Quant's speedup over BF16 for Qwen-7B on H100 nodes, beside the paper's;
+    with ``sensitivity`` (projection_sensitivity.csv), each bar's whisker spans the lowest to the
+    highest speedup over every combination of the assumptions swept there."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     v = df[df.scenario.str.startswith("emulated")]
     long = pd.concat([v.assign(kind="measured", tps=v.measured_tokens_per_s),
@@ -354,8 +367,13 @@ def projection(df: pd.DataFrame, out, profile: str) -> None:
     a.tick_params(axis="x", rotation=20)
     p = df[~df.scenario.str.startswith("emulated") & (df.comm == "fp4quant")]
     labels = [s.split(", ", 2)[-1].replace(" across ", "\nacross ").replace(" in ", "\nin ") for s in p.scenario]
-    bars = b.bar(labels, p.predicted_speedup, color="#4C72B0", label="model: FP4Quant / BF16")
-    b.bar_label(bars, fmt="%.2fx", fontsize=8)
+    bars = b.bar(labels, p.predicted_speedup, color=style.colours(["fp4quant"])["fp4quant"], label="model: FP4Quant / BF16")
+    b.bar_label(bars, fmt="%.2fx", fontsize=8, label_type="center", color="white")
+    if sensitivity is not None:
+        band = sensitivity.groupby("scenario").speedup.agg(["min", "max"]).reindex(p.scenario)
+        b.errorbar(range(len(p)), p.predicted_speedup, yerr=[p.predicted_speedup.to_numpy() - band["min"].to_numpy(),
+                                                             band["max"].to_numpy() - p.predicted_speedup.to_numpy()],
+                   fmt="none", ecolor="0.2", capsize=3, lw=0.9, label="range over the assumptions swept")
     b.axhline(1.56, color="C3", ls="--", label="paper: up to 1.56x")
     b.axhline(1.0, color="k", lw=0.8)
     b.set(ylabel="training throughput over BF16", title="projection: Qwen-7B on H100 nodes (assumed figures)")
@@ -442,9 +460,13 @@ def validation(df: pd.DataFrame, out, profile: str) -> None:
     parts = [p for p in VALIDATION_PARTS if p in set(df.component)]  # older runs: no wait
     d = model_validation.summary(df[df.component.isin(parts)])
     configs = list(dict.fromkeys(d.config))
-    fig, axes = plt.subplots(1, len(parts), figsize=(3.2 * len(parts), 3.6), squeeze=False)
-    kinds = {"measured": "#4C72B0", "predicted": "#DD8452"}
-    for ax, comp in zip(axes[0], parts):
+    ncols = min(3, len(parts))  # a grid: one row of six panels prints as an unreadable strip
+    nrows = -(-len(parts) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.3 * ncols, 3.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(parts):]:
+        ax.set_visible(False)
+    kinds = dict(zip(("measured", "predicted"), style.COLOURS[2:4]))
+    for ax, comp in zip(axes.flat, parts):
         c = d[d.component == comp].set_index("config").reindex(configs)
         x = range(len(configs))
         ax.bar([i - 0.2 for i in x], c.measured_s * 1e3, 0.4, yerr=c.measured_sd_s * 1e3, capsize=2,
@@ -458,10 +480,11 @@ def validation(df: pd.DataFrame, out, profile: str) -> None:
                     label += f"\n[{100 * float(r.rel_error_min):+.0f}, {100 * float(r.rel_error_max):+.0f}]"
                 ax.annotate(label, (i, top), ha="center", va="bottom", fontsize=5)
         ax.set_xticks(list(x), configs, rotation=35, ha="right", fontsize=6)
-        ax.set(ylabel="ms per step" if comp == "compute" else "", title=comp)
+        ax.set(ylabel="ms per step" if ax in axes[:, 0] else "", title=comp)
         ax.title.set_fontsize(8)
     axes[0][0].legend(fontsize=6)
-    fig.suptitle("step model vs runs measured on the emulated cluster (this machine's ranks, tc-shaped links); "
-                 f"model inputs from {model_validation.probes_said(df)}, nothing fitted to the runs", fontsize=8)
+    fig.suptitle(textwrap.fill("step model vs runs measured on the emulated cluster (this machine's ranks, tc-shaped "
+                               f"links); model inputs from {model_validation.probes_said(df)}, nothing fitted to the "
+                               "runs", 38 * ncols), fontsize=7)
     fig.tight_layout()
     _finish(fig, df, profile, out)

@@ -112,6 +112,8 @@ def change(r) -> str:
 def mean_sd(values: pd.Series, fmt: str) -> str:
     """mean +- sample SD over seeds (the mean alone for one seed)."""
     v = values.dropna()
+    if len(v) == 0:
+        return "--"  # not measured (an ablation's training run has no throughput runs): never "nan"
     if len(v) < 2:
         return number(v.mean(), fmt)
     return f"{number(v.mean(), fmt)} $\\pm$ {number(v.std(ddof=1), fmt)}"

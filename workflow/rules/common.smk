@@ -43,9 +43,9 @@ FIGURES = expand("figures/{name}.pdf", name=FIGURE_NAMES) + ["figures/traffic.pd
 TABLES = expand("paper/tables/{name}.tex", name=TABLE_NAMES)
 HAVE_LATEXMK = shutil.which("latexmk") is not None
 # built where its source is: a run from another folder (--snakefile) makes the figures and tables only
-PAPER_PDF = ["paper/main.pdf"] if HAVE_LATEXMK and os.path.exists("paper/main.tex") else []
+PAPER_PDF = ["paper/build/main.pdf"] if HAVE_LATEXMK and os.path.exists("paper/main.tex") else []
 if not HAVE_LATEXMK:
-    print("fp4quant workflow: latexmk not found, so paper/main.pdf is not built (paper/main.tex includes "
+    print("fp4quant workflow: latexmk not found, so paper/build/main.pdf is not built (paper/main.tex includes "
           "the generated tables and figures; on Debian: apt-get install latexmk texlive-latex-base "
           "texlive-latex-recommended)", file=sys.stderr)
 

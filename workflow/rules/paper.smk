@@ -41,13 +41,15 @@ rule table:
 
 
 rule paper_pdf:
+    """The paper (paper/main.tex) from this run's results: fp4quant.analysis.paper re-draws the
+    figures and writes its tables and numbers beside a copy of main.tex under paper/build/."""
     input:
         FIGURES,
         TABLES,
         tex="paper/main.tex",
     output:
-        "paper/main.pdf",
+        "paper/build/main.pdf",
     log:
         f"{OUT}/logs/paper_pdf.log",
     shell:
-        "cd paper && latexmk -pdf -interaction=nonstopmode main.tex > ../{log:q} 2>&1"
+        "{PY:q} -m fp4quant.analysis paper --results {RESULTS:q} --out-dir paper/build 2> {log:q}"

@@ -1,0 +1,161 @@
+"""The paper build (fp4quant.analysis.paper) from the committed canonical results: its tables'
+numbers read back against the CSVs they come from, no "nan", every number the prose quotes
+defined, and (where latexmk and pdffonts exist) a PDF without Type 3 fonts."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fp4quant.analysis import paper
+from fp4quant.analysis.tables import number
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = REPO / "reference/figures-zen4/data/cpu/results"
+STUDY = REPO / "reference/study-convergence"
+CLUSTERS = REPO / "data/projection_clusters.csv"
+TOPOLOGY = REPO / "data/allreduce_2x2_emulated.csv"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper")
+    paper.Paper(paper.Sources(RUN, STUDY, None, CLUSTERS, TOPOLOGY), out).build(pdf=False)
+    return out
+
+
+def rows(tex: Path, block: int = 0) -> list[list[str]]:
+    """The body rows of the ``block``-th tabular of a generated table, cell by cell."""
+    body = tex.read_text().split("\\begin{tabular}")[1 + block].split("\\end{tabular}")[0]
+    lines = [x.strip() for x in body.split("\\hline")[2].strip().splitlines()]
+    return [[c.strip() for c in x.removesuffix("\\\\").split(" & ")] for x in lines if x]
+
+
+def macros(out: Path) -> dict[str, str]:
+    return dict(re.findall(r"\\newcommand\{\\(\w+)\}\{(.*)\}", (out / "numbers.tex").read_text()))
+
+
+def test_no_table_prints_nan(built):
+    for tex in (built / "tables").glob("*.tex"):
+        assert not re.search(r"\bnan\b", tex.read_text(), re.I), tex.name
+
+
+def test_the_throughput_table_is_the_projection_and_the_emulation(built):
+    c = pd.read_csv(CLUSTERS)
+    got = rows(built / "tables/throughput.tex", 0)
+    assert len(got) == len(c.groupby(["cluster", "tp"]))
+    for row in got:
+        g = c[(c.cluster == row[0]) & (c.tp == int(row[1]))].set_index("algorithm")
+        assert row[2] == number(g.loc["nccl_bf16", "inter_node_bytes_per_node"] / 2**20, ".1f")
+        for cell, algo in zip(row[5:], paper.ALGORITHMS):
+            r = g.loc[algo]
+            assert cell == f"{number(r.speedup, '.2f')} [{number(r.speedup_low, '.2f')}, {number(r.speedup_high, '.2f')}]"
+    t = pd.read_csv(TOPOLOGY)
+    t = t[(t.study == "presets") & (t.size_bytes == paper.BIG)].set_index("series")
+    measured = {r[0]: r for r in rows(built / "tables/throughput.tex", 1)}
+    hier = measured["all-reduce 64 MiB, 2 x 2 ranks: hier. FP4"]
+    assert hier[1].startswith(number(t.loc["fp4quant/hierarchical"].latency_s, ".2f") + " [")
+    assert hier[2].startswith(number(t.loc["none/uncompressed"].latency_s / t.loc["fp4quant/hierarchical"].latency_s, ".2f"))
+    tp = pd.read_csv(RUN / "throughput.csv")
+    fq = tp[tp.comm == "fp4quant"].speedup_vs_bf16
+    assert measured["training, 2 emulated nodes: fp4quant"][2] == f"{number(fq.mean(), '.2f')} $\\pm$ {number(fq.std(), '.2f')}"
+    assert macros(built)["fqEmuTrainSpeedup"] == number(fq.mean(), ".2f")
+    dgx = c[(c.tp == 16) & c.cluster.str.contains("DGX") & (c.algorithm == "hierarchical_fp4")].iloc[0]
+    assert macros(built)["fqProjDGXHier"] == number(dgx.speedup, ".2f")
+
+
+def test_the_ablation_table_is_the_kernels_the_codec_and_the_study(built):
+    got = {r[0].split(":")[0].replace("\\_", "_"): r for r in rows(built / "tables/ablation.tex")}
+    assert set(got) == {"fp4quant (all three)", *paper.ABLATIONS}
+    k = pd.read_csv(RUN / "kernels.csv.xz")
+    q = k[(k.op == "quantize") & (k.impl == "native") & (k.size_bytes == paper.BIG)]
+    q = q[q.threads == q.threads.max()].set_index("preset")
+    e = pd.read_csv(RUN / "error.csv")
+    e = e[e.study == "presets"].set_index(["config", "kind"]).sqnr_db
+    conv = pd.read_csv(STUDY / "results/convergence.csv")
+    for name in paper.ABLATIONS:
+        row = got[name]
+        assert row[1] == f"{number(e[name, 'outlier_channels'], '.2f')} " \
+                         f"({number(e[name, 'outlier_channels'] - e['fp4quant', 'outlier_channels'], '+.2f')})"
+        assert row[3].startswith(f"{number(q.loc[name].gbps, '.2f')} ({number(100 * (q.loc[name].gbps / q.loc['fp4quant'].gbps - 1), '+.0f')}")
+        if name == "naive_pack":
+            assert row[4].startswith("none") and row[5] == "--"
+            continue
+        a = conv[conv.config == name].set_index("seed").final_val_loss
+        b = conv[conv.config == "fp4quant"].set_index("seed").final_val_loss
+        d = (a - b).dropna()
+        assert row[4].startswith(number(d.mean(), "+.3f") + " [") and row[5] == str(len(d))
+
+
+def test_the_convergence_table_is_the_study(built):
+    s = pd.read_csv(STUDY / "results/convergence_summary.csv").set_index("config")
+    got = rows(built / "tables/convergence.tex")
+    assert [r[0].replace("\\_", "_") for r in got][:2] == ["bf16", "fp4quant"] and len(got) == len(s)
+    for r in got:
+        x = s.loc[r[0].replace("\\_", "_")]
+        assert r[1] == str(x.n) and r[2] == f"{number(x.val_loss_mean, '.4f')} $\\pm$ {number(x.val_loss_sd, '.4f')}"
+        if not pd.isna(x.diff_mean):
+            assert r[3] == f"{number(x.diff_mean, '+.3f')} [{number(x.ci_low, '+.3f')}, {number(x.ci_high, '+.3f')}]"
+
+
+def test_the_convergence_table_of_a_tp_study_carries_its_verdicts(tmp_path, capsys):
+    from fp4quant.analysis.__main__ import main as analysis_main
+    from test_study_tp import tp_run
+    import numpy as np
+
+    runs = []
+    rng = np.random.default_rng(3)
+    for s in range(5):
+        base = 2.0 + 0.02 * s + rng.normal(0, 0.03, size=8)
+        runs += [tp_run(tmp_path / "runs", 16, "bf16", s, base), tp_run(tmp_path / "runs", 16, "fp4quant", s, base + 0.01)]
+    assert analysis_main(["study-tp", "--profile", "study_tp", "--runs", *map(str, runs), "--margin", "0.05",
+                          "--out-dir", str(tmp_path / "study/results"), "--figure", str(tmp_path / "f.pdf")]) == 0
+    build = paper.Paper(paper.Sources(RUN, None, tmp_path / "study"), tmp_path / "out")
+    got = rows_of(build.convergence_table())
+    t = pd.read_csv(tmp_path / "study/results/tp_summary.csv")
+    fq = t[t.config == "fp4quant"].iloc[0]
+    assert got[1][:3] == ["16", "fp4quant", "5"] and got[1][5] == "within the margin"
+    assert got[1][4] == f"{number(fq.diff_mean, '+.3f')} [{number(fq.ci_low, '+.3f')}, {number(fq.ci_high, '+.3f')}]"
+    assert build.numbers["fqTPdegree"] == "16" and build.numbers["fqTPverdict"].startswith("within the margin")
+
+
+def rows_of(tex: str) -> list[list[str]]:
+    body = tex.split("\\begin{tabular}")[1].split("\\end{tabular}")[0]
+    return [[c.strip() for c in x.strip().removesuffix("\\\\").split(" & ")]
+            for x in body.split("\\hline")[2].strip().splitlines() if x.strip()]
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["all-sources", "run-only"])
+def test_every_number_the_prose_quotes_is_generated(built, tmp_path, full):
+    out = built
+    if not full:  # a run of the workflow alone: the macros of the sources it lacks switch their prose off
+        out = tmp_path / "run-only"
+        paper.Paper(paper.Sources(RUN), out).build(pdf=False)
+    used = set(re.findall(r"\\(fq[A-Za-z]+)", (REPO / "paper/main.tex").read_text()))
+    defined = macros(out)
+    assert used and not used - set(defined), sorted(used - set(defined))
+    assert not any(re.search(r"\bnan\b", v) for v in defined.values())
+
+
+def test_a_source_of_two_commits_is_refused(tmp_path):
+    bad = tmp_path / "results"
+    shutil.copytree(RUN, bad)
+    e = pd.read_csv(bad / "error.csv")
+    e.loc[0, "commit"] = "0" * 40
+    e.to_csv(bad / "error.csv", index=False)
+    with pytest.raises(paper.PaperError, match="error mixes commits"):
+        paper.Paper(paper.Sources(bad), tmp_path / "out").ablation_table()
+
+
+@pytest.mark.skipif(not (shutil.which("latexmk") and shutil.which("pdffonts")), reason="needs latexmk and pdffonts")
+def test_the_pdf_embeds_no_type3_font(tmp_path):
+    pdf = paper.Paper(paper.Sources(RUN, STUDY, None, CLUSTERS, TOPOLOGY), tmp_path).build()
+    fonts = subprocess.run(["pdffonts", str(pdf)], capture_output=True, text=True, check=True).stdout
+    assert "Type 3" not in fonts and "TrueType" in fonts  # the figures' text is embedded Type 42
+    text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
+    assert "Table 4" in text and not re.search(r"\bnan\b", text)
