@@ -274,42 +274,41 @@ class Paper:
         profile = r.parent.name
         made = []
 
-        def draw(name, fn, *args):
-            fn(*args, fig / f"{name}.pdf", profile)
+        def draw(name, fn, *args, **kw):
+            try:
+                fn(*args, fig / f"{name}.pdf", kw.pop("profile", profile), **kw)
+            except KeyError as exc:  # results of an older version lack a column a figure now reads
+                raise PaperError(f"the {name} figure cannot be drawn from {r}: it has no column {exc}, so it was "
+                                 "written by an older version; rerun the workflow there") from None
             made.append(name)
 
         draw("error", figures.error, read(r, "error"))
         draw("kernels", figures.kernels, read(r, "kernels"))
         emulated = read(r, "collectives_emulated") if any(r.glob("collectives_emulated.csv*")) else None
-        figures.allreduce(read(r, "collectives"), fig / "allreduce.pdf", profile, emulated,
-                          str(emulated.network.iloc[0]) if emulated is not None and "network" in emulated else "")
-        made.append("allreduce")
+        draw("allreduce", figures.allreduce, read(r, "collectives"), emulated=emulated,
+             network=str(emulated.network.iloc[0]) if emulated is not None and "network" in emulated else "")
         draw("throughput", figures.throughput, read(r, "throughput"))
         draw("breakdown", figures.breakdown, read(r, "breakdown"))
         draw("convergence", figures.convergence, read(r, "curves"), read(r, "training"))
         draw("sensitivity", figures.sensitivity, read(r, "projection_sensitivity"))
         if any(r.glob("projection.csv*")):
-            figures.projection(read(r, "projection"), fig / "projection.pdf", profile, read(r, "projection_sensitivity"))
-            made.append("projection")
+            draw("projection", figures.projection, read(r, "projection"), sensitivity=read(r, "projection_sensitivity"))
         if any(r.glob("model_validation.csv*")):
             draw("validation", figures.validation, read(r, "model_validation"))
         if self.src.clusters is not None:
-            figures.topology(pd.read_csv(self.src.clusters), fig / "topology.pdf", "projection")
-            made.append("topology")
+            draw("topology", figures.topology, pd.read_csv(self.src.clusters), profile="projection")
         if self.src.study is not None:
             s = self.src.study
-            figures.traffic(read(s / "bench", "traffic"), fig / "traffic.pdf", "study")
-            tradeoff.tradeoff(read(s / "results", "convergence_summary"), fig / "tradeoff.pdf", "study",
-                              read(s / "bench", "traffic_summary"))
-            made += ["traffic", "tradeoff"]
+            draw("traffic", figures.traffic, read(s / "bench", "traffic"), profile="study")
+            draw("tradeoff", tradeoff.tradeoff, read(s / "results", "convergence_summary"), profile="study",
+                 traffic=read(s / "bench", "traffic_summary"))
         if self.src.study_tp is not None:
             t = self.src.study_tp / "results"
-            study_tp.loss_gap_figure(read(t, "tp_summary"), read(t, "tp_convergence"), fig / "loss_gap_tp.pdf", "study_tp")
-            made.append("loss_gap_tp")
+            draw("loss_gap_tp", study_tp.loss_gap_figure, read(t, "tp_summary"), read(t, "tp_convergence"),
+                 profile="study_tp")
             if any((self.src.study_tp / "bench").glob("reduced_error_summary.csv*")):
-                study_tp.sqnr_figure(read(self.src.study_tp / "bench", "reduced_error_summary"), fig / "sqnr_tp.pdf",
-                                     "study_tp")
-                made.append("sqnr_tp")
+                draw("sqnr_tp", study_tp.sqnr_figure, read(self.src.study_tp / "bench", "reduced_error_summary"),
+                     profile="study_tp")
         return made
 
     # ---- the whole ---------------------------------------------------------------------

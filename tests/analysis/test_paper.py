@@ -159,3 +159,13 @@ def test_the_pdf_embeds_no_type3_font(tmp_path):
     assert "Type 3" not in fonts and "TrueType" in fonts  # the figures' text is embedded Type 42
     text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
     assert "Table 4" in text and not re.search(r"\bnan\b", text)
+
+
+def test_results_of_an_older_version_are_refused_in_one_line(tmp_path, capsys):
+    from fp4quant.analysis.__main__ import main as analysis_main
+
+    old = REPO / "reference/figures-xeon/data/cpu/results"  # frozen before the validation figure read latency_run
+    assert analysis_main(["paper", "--results", str(old), "--out-dir", str(tmp_path), "--no-pdf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("fp4quant.analysis: error: the validation figure cannot be drawn from") and \
+        "older version" in err[-1]
