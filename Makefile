@@ -32,7 +32,9 @@ figures: $(STAMP)
 PAPER_SOURCES = --results reference/figures-zen4/data/cpu/results --study reference/study-convergence \
 	--clusters data/projection_clusters.csv --topology data/allreduce_2x2_emulated.csv
 paper: $(STAMP)
+	rm -f paper/build-reference/main.pdf
 	$(PY) -m fp4quant.analysis paper $(PAPER_SOURCES) --out-dir paper/build-reference
+	@test -f paper/build-reference/main.pdf || { echo "make paper: no PDF was built (latexmk not installed?)" >&2; exit 1; }
 	cp paper/build-reference/main.pdf docs/paper.pdf
 
 # Remove what `make figures` produced (profile cpu; FIGURES_PROFILE=<profile> for another),

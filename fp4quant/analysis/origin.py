@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -178,10 +179,11 @@ def training_code(provenance: dict, where: str) -> str:
     commit = str(provenance.get("commit", ""))
     if not re.fullmatch(r"[0-9a-f]{40}", commit):
         raise MixedOrigin(f"{where} records no training-code digest, and its commit {commit!r} is not a clean "
-                          f"commit to take it from; {FIX}")
+                          "commit to take it from; retrain the run")
     digest = code_digest(commit)
-    if digest == "unknown":
-        raise MixedOrigin(f"{where} records no training-code digest, and git cannot read its commit {commit[:12]}; {FIX}")
+    if digest in ("unknown", os.environ.get("FP4QUANT_CODE")):  # git could not read it: the fallback is no answer
+        raise MixedOrigin(f"{where} records no training-code digest, and git cannot read its commit {commit[:12]} "
+                          "(a shallow clone?); retrain the run, or fetch that commit")
     return digest
 
 
@@ -197,8 +199,10 @@ def check_same_training_code(run_dirs: Iterable[str | Path]) -> dict:
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file (a run whose origin must be checked)")
         s = json.loads(p.read_text())
-        parts = [seg["provenance"] for seg in s.get("segments") or []] or [s["provenance"]]
+        parts = [seg.get("provenance") for seg in s.get("segments") or []] or [s.get("provenance")]
         for prov in parts:
+            if not isinstance(prov, dict):
+                raise MixedOrigin(f"{p} records no provenance, so its training code cannot be checked; retrain the run")
             found = {"code": training_code(prov, str(p)), "torch": str(prov.get("torch"))}
             for k, v in found.items():
                 seen = first.setdefault(k, (str(p), v))

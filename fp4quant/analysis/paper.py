@@ -34,9 +34,9 @@ from . import figures, study_tp, tradeoff
 from .tables import _tex, formats, mean_sd, number
 
 PAPER_TEX = Path(__file__).resolve().parents[2] / "paper" / "main.tex"
-BIG = 64 * 2**20  # the message and kernel size the tables quote: 64 MiB
-ABLATIONS = {"no_fwht": "the FWHT rotation", "single_scale": "the FP32 group scale (E4M3 alone)",
-             "naive_pack": "warp-cooperative packing (bytes identical)"}
+PAPER_SPEEDUP = 1.56  # the paper's reported end-to-end speedup (Qwen-7B, H100 nodes): a quoted claim
+ABLATIONS = {"no_fwht": "without the FWHT rotation", "single_scale": "one E4M3 scale, no FP32 group scale",
+             "naive_pack": "packing without warp cooperation (same bytes)"}
 CLUSTERS = {"PCIe": "PCIe", "DGX": "DGX", "2 x 200G": "TwoNIC", "1 x 200G": "OneNIC"}  # macro names, first match
 ALGORITHMS = {"flat_fp4": "flat FP4", "hierarchical_bf16": "hier. BF16", "hierarchical_fp4": "hier. FP4"}
 
@@ -71,7 +71,18 @@ def origin(df: pd.DataFrame, what: str) -> str:
 
 
 def _range(v: float, low: float, high: float, fmt: str) -> str:
+    """v [low, high]; v alone where the range is undefined (one seed)."""
+    if pd.isna(low) or pd.isna(high):
+        return number(v, fmt)
     return f"{number(v, fmt)} [{number(low, fmt)}, {number(high, fmt)}]"
+
+
+def need(df: pd.DataFrame, columns: list[str], what: str) -> None:
+    """Refuse a source without a column a table reads (written by an older version, or another file)."""
+    missing = [c for c in columns if c not in df]
+    if missing:
+        raise PaperError(f"{what} has no column {', '.join(missing)}: not the file the table reads, or written by "
+                         "an older version")
 
 
 def _tabular(columns: list[str], rows: list[list[str]], spec: str | None = None) -> str:
@@ -102,107 +113,153 @@ class Paper:
     # ---- table 1: throughput -----------------------------------------------------------
     def throughput_table(self) -> str:
         blocks, notes = [], []
+        letter = lambda: "abc"[len(notes)]  # noqa: E731  (the note of the block being added)
         # the prose quoting these is switched off without their source (fqHaveClusters, fqHaveTwoByTwo)
         for key in CLUSTERS.values():
             for word in ("Hier", "Flat", "HierRange", "FlatRange"):
                 self.number(f"fqProj{key}{word}", "--")
-        self.number("fqEmuHierSpeedup", "--")
-        self.number("fqEmuFlatSpeedup", "--")
+        for name in ("fqEmuHierSpeedup", "fqEmuFlatSpeedup", "fqTwoByTwoMiB", "fqProjTP", "fqProjHoldsPaper"):
+            self.number(name, "--")
         if self.src.clusters is not None:
             c = pd.read_csv(self.src.clusters)
             hw = origin(c, str(self.src.clusters))
-            rows = []
+            need(c, ["cluster", "tp", "algorithm", "speedup", "speedup_low", "speedup_high", "inter_node_bytes_per_node"],
+                 str(self.src.clusters))
+            top = int(c.tp.max())
+            self.number("fqProjTP", str(top))
+            rows, holds = [], []
             for (cluster, tp), g in c.groupby(["cluster", "tp"], sort=False):
                 g = g.set_index("algorithm")
+                missing = [a for a in ("nccl_bf16", *ALGORITHMS) if a not in g.index]
+                if missing:
+                    raise PaperError(f"{self.src.clusters}: {cluster} at TP {tp} has no {', '.join(missing)} row")
                 mib = lambda a: number(g.loc[a, "inter_node_bytes_per_node"] / 2**20, ".1f")  # noqa: E731
                 cells = [_range(g.loc[a, "speedup"], g.loc[a, "speedup_low"], g.loc[a, "speedup_high"], ".2f")
                          for a in ALGORITHMS]
                 rows.append([_tex(cluster), str(tp), mib("nccl_bf16"), mib("flat_fp4"), mib("hierarchical_fp4"), *cells])
-                key = next(v for k, v in CLUSTERS.items() if k in cluster)
-                if tp == 16:
+                h = g.loc["hierarchical_fp4"]
+                if tp == top and h.speedup_low <= PAPER_SPEEDUP <= h.speedup_high:
+                    holds.append(_tex(cluster))
+                key = next((v for k, v in CLUSTERS.items() if k in cluster), None)  # the clusters the prose names
+                if tp == top and key is not None:
                     for a, word in (("hierarchical_fp4", "Hier"), ("flat_fp4", "Flat")):
                         self.number(f"fqProj{key}{word}", number(g.loc[a, "speedup"], ".2f"))
                         self.number(f"fqProj{key}{word}Range", f"[{number(g.loc[a, 'speedup_low'], '.2f')}, "
                                                                f"{number(g.loc[a, 'speedup_high'], '.2f')}]")
+            self.number("fqProjHoldsPaper", "; ".join(holds) if holds else "none of the clusters")
             first = c.iloc[0]
             blocks.append(_tabular(["cluster", "TP", "MiB: BF16 ring", "flat FP4", "hier. FP4",
                                     *[f"$\\times$ {a}" for a in ALGORITHMS.values()]], rows, "llrrr" + "r" * len(ALGORITHMS)))
-            notes.append(f"(a) Projected by the step model from assumed H100 figures ({_tex(hw)}; no measurement): "
-                         f"{_tex(first.model)}, sequence {first.seq_len} x batch {first.batch_size}; MiB each node "
-                         "sends between nodes per all-reduce (BF16 ring, flat two-shot FP4, hierarchical FP4), and "
-                         "each algorithm's training throughput over NCCL's BF16 all-reduce, nominal inputs [low, "
-                         "high over the uncertain ones].")
-        rows = []
+            notes.append(f"({letter()}) Projected by the step model from assumed H100 figures ({_tex(hw)}; no "
+                         f"measurement): {_tex(first.model)}, sequence {first.seq_len} x batch {first.batch_size}; MiB "
+                         "each node sends between nodes per all-reduce (BF16 ring, flat two-shot FP4, hierarchical "
+                         "FP4), and each algorithm's training throughput over NCCL's BF16 all-reduce, nominal inputs "
+                         "[low, high over the uncertain ones].")
+        rows, measured = [], []
         if self.src.topology is not None:
             t = pd.read_csv(self.src.topology)
             hw = origin(t, str(self.src.topology))
-            t = t[(t.study == "presets") & (t.size_bytes == BIG)].set_index("series")
+            need(t, ["study", "series", "size_bytes", "latency_s", "latency_min_s", "latency_max_s", "iters"],
+                 str(self.src.topology))
+            t = t[t.study == "presets"]
+            size = int(t.size_bytes.max())
+            t = t[t.size_bytes == size].set_index("series")
+            series = {"none/uncompressed": "gloo ring, BF16", "none/hierarchical": "hier. BF16",
+                      "fp4quant/two_shot": "flat FP4", "fp4quant/hierarchical": "hier. FP4"}
+            missing = [x for x in series if x not in t.index]
+            if missing:
+                raise PaperError(f"{self.src.topology}: no {', '.join(missing)} at {size} bytes")
+            mib = number(size / 2**20, "g")
             base = t.loc["none/uncompressed"]
-            for series, label in (("none/uncompressed", "gloo ring, BF16"), ("none/hierarchical", "hier. BF16"),
-                                  ("fp4quant/two_shot", "flat FP4"), ("fp4quant/hierarchical", "hier. FP4")):
-                r = t.loc[series]
-                rows.append([f"all-reduce 64 MiB, 2 x 2 ranks: {label}", _range(r.latency_s, r.latency_min_s,
-                                                                                  r.latency_max_s, ".2f") + " s",
+            for name, label in series.items():
+                r = t.loc[name]
+                rows.append([f"all-reduce {mib} MiB, 2 x 2 ranks: {label}", _range(r.latency_s, r.latency_min_s,
+                                                                                    r.latency_max_s, ".2f") + " s",
                              _range(base.latency_s / r.latency_s, base.latency_s / r.latency_max_s,
                                     base.latency_s / r.latency_min_s, ".2f"), str(int(r.iters))])
-            h = t.loc["fp4quant/hierarchical"]
-            self.number("fqEmuHierSpeedup", number(base.latency_s / h.latency_s, ".2f"))
+            self.number("fqTwoByTwoMiB", mib)
+            self.number("fqEmuHierSpeedup", number(base.latency_s / t.loc["fp4quant/hierarchical"].latency_s, ".2f"))
             self.number("fqEmuFlatSpeedup", number(base.latency_s / t.loc["fp4quant/two_shot"].latency_s, ".2f"))
-            notes.append(f"(b) Emulated: the all-reduce of 64 MiB on two emulated nodes of two ranks (tc-shaped links; "
-                         f"{_tex(hw)}), median [min, max] over the iterations; speedup over the BF16 ring.")
-        tp = read(self.src.results, "throughput")
+            measured.append(f"({letter()}, first rows) Emulated: the all-reduce of {mib} MiB on two emulated nodes of "
+                            f"two ranks (tc-shaped links; {_tex(hw)}), median [min, max] over the iterations; speedup "
+                            "over the BF16 ring.")
+        tp = figures.with_series(read(self.src.results, "throughput"))
         hw = origin(tp, "throughput")
-        tp = figures.with_series(tp)
+        need(tp, ["series", "tokens_per_s", "speedup_vs_bf16", "network"], "throughput")
         for comm in figures._order(tp.series):
             g = tp[tp.series == comm]
-            rows.append([f"training, 2 emulated nodes: {_tex(comm)}", mean_sd(g.tokens_per_s, ".1f") + " tok/s",
+            rows.append([f"training: {_tex(comm)}", mean_sd(g.tokens_per_s, ".1f") + " tok/s",
                          mean_sd(g.speedup_vs_bf16, ".2f"), str(len(g))])
-        fq = tp[tp.series == "fp4quant"]
-        self.number("fqEmuTrainSpeedup", number(fq.speedup_vs_bf16.mean(), ".2f"))
-        self.number("fqEmuTrainSpeedupSD", number(fq.speedup_vs_bf16.std(ddof=1), ".2f"))
-        self.number("fqEmuTrainRuns", str(len(fq)))
+        fq = tp[tp.series == "fp4quant"].speedup_vs_bf16
+        if fq.empty:
+            raise PaperError("throughput: no fp4quant runs")
         first = tp.iloc[0]
+        self.number("fqEmuTrainSpeedup", number(fq.mean(), ".2f"))
+        self.number("fqEmuTrainSpeedupSD", number(fq.std(ddof=1), ".2f") if len(fq) > 1 else "--")
+        self.number("fqEmuTrainRuns", str(len(fq)))
+        self.number("fqTrainNetwork", _tex(first.network))
         blocks.append(_tabular(["measurement", "time or rate", "speedup", "n"], rows))
-        notes.append(f"({'c' if self.src.clusters is not None else 'b'}) Emulated training: {_tex(first.model)}, TP = "
-                     f"{first.tp}, {first.steps} steps of sequence {first.seq_len} x batch {first.batch_size}, on "
-                     f"{_tex(first.network)} ({_tex(hw)}); mean $\\pm$ SD over n runs; speedup over BF16's mean.")
+        measured.append(f"({letter() if not measured else 'b'}{', last rows' if measured else ''}) Training "
+                        f"throughput: {_tex(first.model)}, TP = {first.tp}, {first.steps} steps of sequence "
+                        f"{first.seq_len} x batch {first.batch_size}, on {_tex(first.network)} ({_tex(hw)}); mean "
+                        "$\\pm$ SD over n runs; speedup over BF16's mean.")
+        notes += measured
         return _table("Throughput. " + " ".join(notes), "tab:throughput", *blocks)
 
     # ---- table 2: ablations ------------------------------------------------------------
     def ablation_table(self) -> str:
         err = read(self.src.results, "error")
         hw = origin(err, "error")
+        need(err, ["study", "config", "kind", "sqnr_db"], "error")
         err = err[err.study == "presets"].set_index(["config", "kind"]).sqnr_db
         k = read(self.src.results, "kernels")
         origin(k, "kernels")
-        q = k[(k.op == "quantize") & (k.impl == "native") & (k.size_bytes == BIG)]
+        need(k, ["op", "impl", "preset", "size_bytes", "threads", "gbps", "gbps_min", "gbps_max"], "kernels")
+        q = k[(k.op == "quantize") & (k.impl == "native")]
+        size = int(q.size_bytes.max()) if len(q) else 0
+        q = q[q.size_bytes == size]
         q = q[q.threads == q.threads.max()].set_index("preset")
+        kinds = ("outlier_channels", "small_gradient")
+        missing = [x for x in ("fp4quant", *ABLATIONS) if x not in q.index] + \
+                  [f"{x} on {kd}" for x in ("fp4quant", *ABLATIONS) for kd in kinds if (x, kd) not in err.index]
+        if missing:
+            raise PaperError(f"{self.src.results}: the ablation table needs the native quantize kernel's and the "
+                             f"codec error's rows of fp4quant and every ablation; missing: {', '.join(missing)}")
         conv = None
         if self.src.study is not None:
             conv = read(self.src.study / "results", "convergence")
             study_hw = origin(conv, "the convergence study")
             conv = conv[conv.tp == 2] if "tp" in conv else conv
-        kinds = ("outlier_channels", "small_gradient")
+        f = q.loc["fp4quant"]
         rows = [["fp4quant (all three)", *[number(err["fp4quant", kd], ".2f") for kd in kinds],
-                 _range(q.loc["fp4quant"].gbps, q.loc["fp4quant"].gbps_min, q.loc["fp4quant"].gbps_max, ".2f"), "--", ""]]
+                 _range(f.gbps, f.gbps_min, f.gbps_max, ".2f"), "--", ""]]
         for name, what in ABLATIONS.items():
-            a, f = q.loc[name], q.loc["fp4quant"]
-            speed = (f"{number(a.gbps, '.2f')} ({number(100 * (a.gbps / f.gbps - 1), '+.0f')}\\%, "
+            a = q.loc[name]
+            key = "fqAbl" + "".join(w.title() for w in name.split("_"))  # fqAblNoFwht, fqAblSingleScale, ...
+            change = 100 * (a.gbps / f.gbps - 1)
+            speed = (f"{number(a.gbps, '.2f')} ({number(change, '+.0f')}\\%, "
                      f"[{number(100 * (a.gbps_min / f.gbps_max - 1), '+.0f')}, {number(100 * (a.gbps_max / f.gbps_min - 1), '+.0f')}]\\%)")
-            sqnr = [f"{number(err[name, kd], '.2f')} ({number(err[name, kd] - err['fp4quant', kd], '+.2f')})" for kd in kinds]
+            self.number(f"{key}Speed", number(change, "+.0f") + "\\%")
+            sqnr = []
+            for kd, word in zip(kinds, ("Outliers", "Small")):
+                delta = err[name, kd] - err["fp4quant", kd]
+                sqnr.append(f"{number(err[name, kd], '.2f')} ({number(delta, '+.2f')})")
+                self.number(f"{key}{word}", number(delta, "+.2f"))
+            self.number(f"{key}Loss", "--")
             if name == "naive_pack":
                 train, seeds = "none: fp4quant's bytes", "--"
             elif conv is not None and name in set(conv.config):
                 d = paired(conv, name, "fp4quant")
                 train, seeds = _range(d["mean"], d["low"], d["high"], "+.3f"), str(d["n"])
-                self.number(f"fqAbl{name.replace('_', '').title().replace('fwht', 'Fwht')}Loss", number(d["mean"], "+.3f"))
+                self.number(f"{key}Loss", number(d["mean"], "+.3f"))
             else:
                 train, seeds = "not run", "0"
-            rows.append([f"{_tex(name)}: no {what}", *sqnr, speed, train, seeds])
+            rows.append([f"{_tex(name)}: {what}", *sqnr, speed, train, seeds])
         caption = (f"Ablations, one mechanism removed at a time. Measured: SQNR (dB; change against fp4quant) of one "
                    f"quantize-dequantize on synthetic tensors with outlier channels and of small-magnitude gradients; "
-                   f"the native quantize kernel's GB/s on 64 MiB at {int(q.threads.max())} threads, median [min, max] "
-                   f"over the timed calls, its change with the range from the slowest against the fastest ({_tex(hw)}). "
+                   f"the native quantize kernel's GB/s on {number(size / 2**20, 'g')} MiB at {int(q.threads.max())} "
+                   "threads, median [min, max] over the timed calls, its change with the range from the slowest against "
+                   f"the fastest ({_tex(hw)}). "
                    + (f"Training effect: final validation loss minus fp4quant's in the TP = 2 convergence study, paired "
                       f"by seed, mean [95\\% t interval] over the seeds ({_tex(study_hw)})." if conv is not None else
                       "Training effect: no convergence study given."))
@@ -212,6 +269,9 @@ class Paper:
 
     # ---- table 3: convergence ----------------------------------------------------------
     def convergence_table(self) -> str:
+        for name in ("fqTPdegree", "fqTPgap", "fqTPseeds"):
+            self.number(name, "--")
+        self.number("fqTPverdict", "no paired comparison of fp4quant with BF16 yet")
         if self.src.study_tp is not None:
             t = read(self.src.study_tp / "results", "tp_summary")
             conv = read(self.src.study_tp / "results", "tp_convergence")
@@ -227,7 +287,7 @@ class Paper:
                 h = head.iloc[0]
                 self.number("fqTPdegree", str(h.tp))
                 self.number("fqTPgap", _range(h.diff_mean, h.ci_low, h.ci_high, "+.3f"))
-                self.number("fqTPseeds", str(h.n_pairs))
+                self.number("fqTPseeds", str(int(h.n_pairs)))
                 margin = float(t.margin.iloc[0])
                 self.number("fqTPverdict", _tex(str(h.verdict).split(" (the 90")[0])
                             + f" (equivalence margin $\\pm${number(margin, 'g')} nats, declared before the runs)")
@@ -256,6 +316,8 @@ class Paper:
                          "" if d is None else _range(d["mean"], d["low"], d["high"], "+.3f") if d["n"] > 1
                          else number(d["mean"], "+.3f") if d["n"] else ""])
         d = paired(conv, "fp4quant", "bf16")
+        if d["n"] == 0:
+            raise PaperError(f"{what}: no seed has both a bf16 and an fp4quant run")
         self.number("fqTPdegree", str(int(conv.tp.iloc[0])) if "tp" in conv else "2")
         self.number("fqTPgap", _range(d["mean"], d["low"], d["high"], "+.3f"))
         self.number("fqTPseeds", str(d["n"]))

@@ -25,8 +25,13 @@ def number(v: float, fmt: str) -> str:
     return s
 
 
+TEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
 def _tex(s) -> str:
-    return str(s).replace("_", r"\_").replace("%", r"\%").replace("#", r"\#")
+    """Text as LaTeX prints it: every character special to LaTeX escaped (names, hardware, paths)."""
+    return "".join(TEX_SPECIAL.get(c, c) for c in str(s))
 
 
 def _write(out, df: pd.DataFrame, profile: str, columns: list[str], rows: list[list[str]], caption: str,

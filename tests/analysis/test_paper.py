@@ -56,24 +56,29 @@ def test_the_throughput_table_is_the_projection_and_the_emulation(built):
             r = g.loc[algo]
             assert cell == f"{number(r.speedup, '.2f')} [{number(r.speedup_low, '.2f')}, {number(r.speedup_high, '.2f')}]"
     t = pd.read_csv(TOPOLOGY)
-    t = t[(t.study == "presets") & (t.size_bytes == paper.BIG)].set_index("series")
+    t = t[t.study == "presets"]
+    t = t[t.size_bytes == t.size_bytes.max()].set_index("series")
     measured = {r[0]: r for r in rows(built / "tables/throughput.tex", 1)}
     hier = measured["all-reduce 64 MiB, 2 x 2 ranks: hier. FP4"]
     assert hier[1].startswith(number(t.loc["fp4quant/hierarchical"].latency_s, ".2f") + " [")
     assert hier[2].startswith(number(t.loc["none/uncompressed"].latency_s / t.loc["fp4quant/hierarchical"].latency_s, ".2f"))
     tp = pd.read_csv(RUN / "throughput.csv")
     fq = tp[tp.comm == "fp4quant"].speedup_vs_bf16
-    assert measured["training, 2 emulated nodes: fp4quant"][2] == f"{number(fq.mean(), '.2f')} $\\pm$ {number(fq.std(), '.2f')}"
+    assert measured["training: fp4quant"][2] == f"{number(fq.mean(), '.2f')} $\\pm$ {number(fq.std(), '.2f')}"
     assert macros(built)["fqEmuTrainSpeedup"] == number(fq.mean(), ".2f")
     dgx = c[(c.tp == 16) & c.cluster.str.contains("DGX") & (c.algorithm == "hierarchical_fp4")].iloc[0]
     assert macros(built)["fqProjDGXHier"] == number(dgx.speedup, ".2f")
+    top = c[(c.tp == c.tp.max()) & (c.algorithm == "hierarchical_fp4")]
+    holds = top[(top.speedup_low <= paper.PAPER_SPEEDUP) & (paper.PAPER_SPEEDUP <= top.speedup_high)].cluster
+    assert macros(built)["fqProjHoldsPaper"] == "; ".join(holds) and len(holds) == 1
 
 
 def test_the_ablation_table_is_the_kernels_the_codec_and_the_study(built):
     got = {r[0].split(":")[0].replace("\\_", "_"): r for r in rows(built / "tables/ablation.tex")}
     assert set(got) == {"fp4quant (all three)", *paper.ABLATIONS}
     k = pd.read_csv(RUN / "kernels.csv.xz")
-    q = k[(k.op == "quantize") & (k.impl == "native") & (k.size_bytes == paper.BIG)]
+    q = k[(k.op == "quantize") & (k.impl == "native")]
+    q = q[q.size_bytes == q.size_bytes.max()]
     q = q[q.threads == q.threads.max()].set_index("preset")
     e = pd.read_csv(RUN / "error.csv")
     e = e[e.study == "presets"].set_index(["config", "kind"]).sqnr_db
@@ -90,6 +95,9 @@ def test_the_ablation_table_is_the_kernels_the_codec_and_the_study(built):
         b = conv[conv.config == "fp4quant"].set_index("seed").final_val_loss
         d = (a - b).dropna()
         assert row[4].startswith(number(d.mean(), "+.3f") + " [") and row[5] == str(len(d))
+        key = "fqAbl" + "".join(w.title() for w in name.split("_"))
+        assert macros(built)[f"{key}Loss"] == number(d.mean(), "+.3f")
+        assert macros(built)[f"{key}Outliers"] == number(e[name, "outlier_channels"] - e["fp4quant", "outlier_channels"], "+.2f")
 
 
 def test_the_convergence_table_is_the_study(built):
@@ -122,6 +130,7 @@ def test_the_convergence_table_of_a_tp_study_carries_its_verdicts(tmp_path, caps
     assert got[1][:3] == ["16", "fp4quant", "5"] and got[1][5] == "within the margin"
     assert got[1][4] == f"{number(fq.diff_mean, '+.3f')} [{number(fq.ci_low, '+.3f')}, {number(fq.ci_high, '+.3f')}]"
     assert build.numbers["fqTPdegree"] == "16" and build.numbers["fqTPverdict"].startswith("within the margin")
+    assert build.numbers["fqTPseeds"] == "5" and build.numbers["fqTPgap"] == got[1][4]
 
 
 def rows_of(tex: str) -> list[list[str]]:
@@ -169,3 +178,12 @@ def test_results_of_an_older_version_are_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("fp4quant.analysis: error: the validation figure cannot be drawn from") and \
         "older version" in err[-1]
+
+
+def test_a_run_without_an_ablation_s_kernels_is_refused_in_one_line(tmp_path):
+    bad = tmp_path / "results"
+    shutil.copytree(RUN, bad)
+    k = pd.read_csv(bad / "kernels.csv.xz")
+    k[k.preset != "naive_pack"].to_csv(bad / "kernels.csv.xz", index=False)
+    with pytest.raises(paper.PaperError, match="missing: naive_pack$"):
+        paper.Paper(paper.Sources(bad), tmp_path / "out").ablation_table()

@@ -56,8 +56,10 @@ if STUDY_TP:
         params:
             args=tp_train_args,
             run=lambda wc: tp_run_dir(wc.tp, wc.comm, wc.seed),
-            fresh=lambda wc, input: fresh_run(wc, f"tp_train {tp_train_args(wc)}", input,
-                                              folder=lambda comm, seed: tp_run_dir(wc.tp, comm, seed)),
+            # the runs' inputs as fresh_run hashes them: the tokens alone (their training code is in
+            # ROOT_KEY); meta.json and info.json carry the commit and time of the rerun that wrote them
+            fresh=lambda wc: fresh_run(wc, f"tp_train {tp_train_args(wc)}", [f"{OUT}/tokens/tokens.bin"],
+                                       folder=lambda comm, seed: tp_run_dir(wc.tp, comm, seed)),
         threads: TP_THREADS
         shell:
             # one process: its ranks are threads (--simulate-tp); resumes after an interruption
