@@ -133,8 +133,10 @@ def headline(table: pd.DataFrame, config: str = "fp4quant") -> str:
     if rows.empty:
         return f"{config}: no comparison with {BASELINE}"
     r = rows.sort_values("tp").iloc[-1]
-    return (f"{config} at TP = {r.tp}: {r.diff_mean:+.3f} nats against {BASELINE} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] "
-            f"(95%, {r.n_pairs} seeds): {r.verdict} of +-{r.margin:g} nats")
+    n = int(r.n_pairs)
+    interval = f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] (95%, {n} seeds)" if n > 1 else "(one seed: no interval)"
+    return (f"{config} at TP = {int(r.tp)}: {r.diff_mean:+.3f} nats against {BASELINE} {interval}: {r.verdict} "
+            f"(margin +-{r.margin:g} nats)")
 
 
 def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict]) -> str:
@@ -153,13 +155,17 @@ def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict]) 
              "| TP | config | n | val loss mean ± SD | - bf16 [95% CI] | 90% CI | TOST p | SE of the gap (val set) "
              "| verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
+    def bracket(low, high):  # an interval, or nothing where one seed leaves it undefined
+        return "" if math.isnan(low) or math.isnan(high) else f" [{low:+.4f}, {high:+.4f}]"
+
     for r in table.to_dict("records"):
-        diff = (f"{r['diff_mean']:+.4f} [{f(r['ci_low'], '+.4f')}, {f(r['ci_high'], '+.4f')}]"
+        diff = (f"{r['diff_mean']:+.4f}{bracket(r['ci_low'], r['ci_high'])}"
                 if not math.isnan(r.get("diff_mean", math.nan)) else "")
-        ci90 = f"[{f(r.get('ci90_low', math.nan), '+.4f')}, {f(r.get('ci90_high', math.nan), '+.4f')}]" if diff else ""
+        ci90 = bracket(r.get("ci90_low", math.nan), r.get("ci90_high", math.nan)).strip() if diff else ""
         p = f(max(r.get("p_lower", math.nan), r.get("p_upper", math.nan)), ".3f") if diff else ""
-        lines.append(f"| {r['tp']} | {r['config']} | {r['n']} | {r['val_loss_mean']:.4f} ± {f(r['val_loss_sd'], '.4f')} "
-                     f"| {diff} | {ci90} | {p} | {f(r.get('diff_batch_se', math.nan), '.4f')} | {r.get('verdict', '')} |")
+        sd = f" ± {f(r['val_loss_sd'], '.4f')}" if not math.isnan(r["val_loss_sd"]) else ""
+        lines.append(f"| {r['tp']} | {r['config']} | {r['n']} | {r['val_loss_mean']:.4f}{sd} "
+                     f"| {diff} | {ci90} | {p} | {f(r.get('diff_batch_se', math.nan), '.4f')} | {verdict_of(r)} |")
     if control_rows:
         lines += ["", "Controls: float32 on the wire (exact) against BF16 on the wire; BF16's rounding applied alone "
                       "at TP = 1 (no communication, `--rounding-alone`) against float32.", "",
@@ -168,6 +174,12 @@ def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict]) 
             lines.append(f"| {r['tp']} | {r['config']} - {r['baseline']} | {r['n_pairs']} | {r['diff_mean']:+.4f} "
                          f"[{f(r['ci_low'], '+.4f')}, {f(r['ci_high'], '+.4f')}] | {r['verdict']} |")
     return "\n".join(lines) + "\n"
+
+
+def verdict_of(row: dict) -> str:
+    """A summary row's verdict; none for the baseline's own row (a NaN there)."""
+    v = row.get("verdict")
+    return v if isinstance(v, str) else ""
 
 
 def loss_gap_figure(table: pd.DataFrame, conv: pd.DataFrame, out, profile: str) -> None:

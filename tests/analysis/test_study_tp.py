@@ -4,6 +4,7 @@ margin, the verdicts, the controls, the headline sentence, the CLI's tables and 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -138,3 +139,13 @@ def test_runs_of_several_commits_and_machines_but_one_training_code_are_one_stud
     assert analysis_main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mixed runs" in err[0] and str(runs[3]) in err[0] and "other" in err[0], err
+
+
+def test_one_seed_so_far_prints_no_nan_and_no_empty_interval(tmp_path, capsys):
+    """A study read while it runs (one paired seed): the sentence and the table say so."""
+    runs = [tp_run(tmp_path, 16, "bf16", 0, [2.0, 2.1, 2.05]), tp_run(tmp_path, 16, "fp4quant", 0, [2.02, 2.12, 2.07])]
+    assert analysis_main(["study-tp", "--profile", "p", "--runs", *map(str, runs), "--margin", "0.05", "--order", "bf16",
+                          "fp4quant", "--out-dir", str(tmp_path / "r"), "--figure", str(tmp_path / "f.pdf")]) == 0
+    md = (tmp_path / "r" / "tp_summary.md").read_text()
+    assert "one seed: no interval" in md and "not resolved: fewer than two paired seeds" in md
+    assert not re.search(r"\bnan\b", md, re.I) and "[, ]" not in md and "1.0 seeds" not in md
