@@ -59,7 +59,8 @@ def throughput(training: pd.DataFrame, out, profile: str) -> None:
     training = with_series(training)
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     order = _order(training.series)
-    sns.barplot(data=training, x="series", y="tokens_per_s", order=order, ax=ax, color="#4C72B0", errorbar="sd",
+    sns.barplot(data=training, x="series", y="tokens_per_s", order=order, ax=ax, hue="series", hue_order=order,
+                palette=style.colours(order), legend=False, errorbar="sd", err_kws={"color": "0.55"},
                 capsize=0.2)
     for i, comm in enumerate(order):
         g = training[training.series == comm]
@@ -72,6 +73,7 @@ def throughput(training: pd.DataFrame, out, profile: str) -> None:
                  f"{first.steps} steps, {first.backend}\n{first.network}")
     ax.title.set_fontsize(8)
     ax.tick_params(axis="x", rotation=20)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the labels above the tallest bar
     _finish(fig, training, profile, out)
 
 
@@ -374,7 +376,7 @@ def projection(df: pd.DataFrame, out, profile: str, sensitivity: pd.DataFrame | 
         b.errorbar(range(len(p)), p.predicted_speedup, yerr=[p.predicted_speedup.to_numpy() - band["min"].to_numpy(),
                                                              band["max"].to_numpy() - p.predicted_speedup.to_numpy()],
                    fmt="none", ecolor="0.2", capsize=3, lw=0.9, label="range over the assumptions swept")
-    b.axhline(1.56, color="C3", ls="--", label="paper: up to 1.56x")
+    b.axhline(1.56, color="0.4", ls="--", label="paper: up to 1.56x")
     b.axhline(1.0, color="k", lw=0.8)
     b.set(ylabel="training throughput over BF16", title="projection: Qwen-7B on H100 nodes (assumed figures)")
     b.title.set_fontsize(9)
@@ -437,7 +439,7 @@ def sensitivity(df: pd.DataFrame, out, profile: str) -> None:
                     label=scenario.split(", ")[-1])
             ax.plot([float(b[key])], [b.speedup], "k*", ms=7)
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.axhline(1.56, color="C3", ls="--", lw=0.8)
+        ax.axhline(1.56, color="0.4", ls="--", lw=0.8)
         ax.set(xlabel=label, xscale="log" if key == "inter_node_bw_GBps" else "linear")
         ticks = sorted(set(df[key].astype(float)))
         ax.set_xticks(ticks, ["off", "on"] if key == "overlap" else [f"{t:g}" for t in ticks])
