@@ -42,6 +42,8 @@ VARIABLES = (
     Variable("MAX_JOBS", "build", "setup.py (torch's cpp_extension)", "parallel compile jobs (ninja)"),
     Variable("FP4QUANT_COMMIT", "provenance", "fp4quant/provenance.py",
              "the commit recorded in provenance where git cannot tell (a source archive)"),
+    Variable("FP4QUANT_CODE", "provenance", "fp4quant/provenance.py",
+             "the training code's digest recorded in provenance where git cannot tell (a source archive)"),
     Variable("FP4QUANT_BACKEND", "debug", "fp4quant/ops/_native.py (at import)",
              "`reference`: do not load the native extension; the ops run the pure-PyTorch reference "
              "(the same bytes, slower)"),

@@ -29,12 +29,14 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The source a training run executes (tests/test_provenance.py holds fp4quant.train's imports to
 # it): the layers up to train, the data, the base modules, the C++/CUDA sources and their build
-# (setup.py and the toolchain module it loads).
-# A change elsewhere (analysis, bench, perfmodel, cluster, integrations, docs, workflow) leaves a
-# run's numbers as they were, so a study may gather its runs over several commits (code_digest).
-TRAINING_SOURCES = ("fp4quant/__init__.py", "fp4quant/provenance.py", "fp4quant/threads.py", "fp4quant/environment.py",
-                    "fp4quant/format", "fp4quant/reference", "fp4quant/ops", "fp4quant/comm", "fp4quant/parallel",
-                    "fp4quant/models", "fp4quant/data", "fp4quant/train", "csrc", "setup.py", "fp4quant/toolchain.py")
+# (setup.py and the toolchain module it loads); of these folders, their code files only.
+# A change elsewhere (analysis, bench, perfmodel, cluster, integrations, the environment table,
+# docs, workflow, a README beside the code) leaves a run's numbers as they were, so a study may
+# gather its runs over several commits (code_digest).
+TRAINING_SOURCES = ("fp4quant/__init__.py", "fp4quant/provenance.py", "fp4quant/threads.py", "fp4quant/format",
+                    "fp4quant/reference", "fp4quant/ops", "fp4quant/comm", "fp4quant/parallel", "fp4quant/models",
+                    "fp4quant/data", "fp4quant/train", "csrc", "setup.py", "fp4quant/toolchain.py")
+CODE_SUFFIXES = (".py", ".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh")
 
 
 def _git(*args: str) -> bytes:
@@ -105,7 +107,7 @@ def _blob_line(rel: str, path: Path) -> str | None:
 
 
 def code_digest(commit: str | None = None, root: Path = REPO_ROOT) -> str:
-    """A digest of the training code (TRAINING_SOURCES): of the working tree (tracked and
+    """A digest of the training code (TRAINING_SOURCES' code files): of the working tree (tracked and
     untracked files git does not ignore, as they are on disk), or of ``commit``.  Two trees whose
     training code is the same file for file have one digest, whatever else differs; 'unknown'
     outside git (FP4QUANT_CODE if set)."""
@@ -115,10 +117,11 @@ def code_digest(commit: str | None = None, root: Path = REPO_ROOT) -> str:
     try:
         if commit is not None:
             lines = [line.replace(" blob ", " ", 1) for line in
-                     git("ls-tree", "-r", "--full-tree", commit, "--", *TRAINING_SOURCES).decode().splitlines()]
+                     git("ls-tree", "-r", "--full-tree", commit, "--", *TRAINING_SOURCES).decode().splitlines()
+                     if line.endswith(CODE_SUFFIXES)]
         else:
             files = sorted({f for f in git("ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
-                                           *TRAINING_SOURCES).decode().split("\0") if f})
+                                           *TRAINING_SOURCES).decode().split("\0") if f.endswith(CODE_SUFFIXES)})
             lines = [line for line in (_blob_line(f, root / f) for f in files) if line is not None]
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("FP4QUANT_CODE", "unknown")

@@ -152,6 +152,9 @@ def test_training_code_digest_follows_the_training_sources_only(repo):
     (repo / "fp4quant/train/new.py").write_text("y = 1\n")  # untracked, not ignored: it may be imported
     assert prov.code_digest(root=repo) != first
     (repo / "fp4quant/train/new.py").unlink()
+    (repo / "csrc/README.md").write_text("notes\n")  # beside the code, not code: no change
+    (repo / "fp4quant/environment.py").write_text("TABLE = ()\n")  # the environment table: not imported to train
+    assert prov.code_digest(root=repo) == first
     (repo / "fp4quant/train/loop.py").chmod(0o755)
     assert prov.code_digest(root=repo) != first
 
