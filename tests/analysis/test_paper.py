@@ -22,10 +22,14 @@ CLUSTERS = REPO / "data/projection_clusters.csv"
 TOPOLOGY = REPO / "data/allreduce_2x2_emulated.csv"
 
 
+PDF_TOOLS = bool(shutil.which("latexmk") and shutil.which("pdffonts"))
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """One build of the canonical paper for the module: its PDF too where latexmk is installed."""
     out = tmp_path_factory.mktemp("paper")
-    paper.Paper(paper.Sources(RUN, STUDY, None, CLUSTERS, TOPOLOGY), out).build(pdf=False)
+    paper.Paper(paper.Sources(RUN, STUDY, None, CLUSTERS, TOPOLOGY), out).build(pdf=PDF_TOOLS)
     return out
 
 
@@ -161,9 +165,9 @@ def test_a_source_of_two_commits_is_refused(tmp_path):
         paper.Paper(paper.Sources(bad), tmp_path / "out").ablation_table()
 
 
-@pytest.mark.skipif(not (shutil.which("latexmk") and shutil.which("pdffonts")), reason="needs latexmk and pdffonts")
-def test_the_pdf_embeds_no_type3_font(tmp_path):
-    pdf = paper.Paper(paper.Sources(RUN, STUDY, None, CLUSTERS, TOPOLOGY), tmp_path).build()
+@pytest.mark.skipif(not PDF_TOOLS, reason="needs latexmk and pdffonts")
+def test_the_pdf_embeds_no_type3_font(built):
+    pdf = built / "main.pdf"
     fonts = subprocess.run(["pdffonts", str(pdf)], capture_output=True, text=True, check=True).stdout
     assert "Type 3" not in fonts and "TrueType" in fonts  # the figures' text is embedded Type 42
     text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
