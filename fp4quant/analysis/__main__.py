@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..provenance import atomic_write_csv, atomic_write_text
-from . import claims, collect, figures, paper, study, study_tp, tables, throughput, tradeoff
+from . import STUDY_FIGURES, claims, collect, figures, paper, study, study_tp, tables, throughput, tradeoff
 from .comparable import TP_VARIED, Incomparable, check_complete, check_runs
-from .figures import FIGURES, STUDY_FIGURES
+from .figures import FIGURES
 from .freeze import freeze
 from .origin import MixedOrigin, check_same_origin, check_same_training_code
 from .tables import TABLES as PAPER_TABLES

@@ -22,7 +22,6 @@ style.apply()  # Type 42 fonts, the series colours
 
 FIGURES = ("throughput", "kernels", "allreduce", "convergence", "error", "projection", "sensitivity", "traffic",
            "breakdown", "validation", "topology")
-STUDY_FIGURES = ("convergence", "tradeoff")  # the convergence study's (workflow/rules/study.smk), not the paper's set
 ORDER = ["bf16", "fp4quant", "no_fwht", "single_scale", "naive_pack", "nvfp4", "mxfp4", "int4", "fp8"]
 
 

@@ -116,7 +116,7 @@ def test_budget_cuts_a_hanging_stage_and_skips_the_rest_as_failed(tmp_path):
     (src / "setup.py").write_text("import time\ntime.sleep(3600)\n")
     out = tmp_path / "out"
     proc = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / "results")], cwd=src, capture_output=True,
-                          text=True, timeout=300, env=clean_env(GPU_CHECK_BUDGET="30", PYTHON=sys.executable,
+                          text=True, timeout=300, env=clean_env(GPU_CHECK_BUDGET="18", PYTHON=sys.executable,
                                                                 OUT=str(out), GPU_CHECK_TOKENS=str(tmp_path / "tok")))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     stages = stages_of(tmp_path / "results" / "stages.tsv")

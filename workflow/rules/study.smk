@@ -4,7 +4,7 @@
 #   snakemake --cores all study --configfile workflow/config/study.yaml           # everything
 #   snakemake --cores all study_batch1 --configfile workflow/config/study.yaml    # the first batch's runs
 
-from fp4quant.analysis.figures import STUDY_FIGURES
+from fp4quant.analysis import STUDY_FIGURES
 
 STUDY_BATCHES = config.get("study", {}).get("batches") or [TRAIN["comms"]]
 STUDY_RESULTS = f"{OUT}/results"

@@ -29,6 +29,7 @@
 #include <vector>
 
 #ifndef EMU_THREADS
+#include <csetjmp>
 #include <ucontext.h>
 #endif
 
@@ -142,8 +143,12 @@ void run_block(int threads, K&& body) {
 // scheduler resumes the next runnable one.  Deterministic, and fast enough for tests.
 inline Ctx ctx;
 
+// ucontext only enters a fiber's stack; every later switch is _setjmp/_longjmp, which
+// (unlike swapcontext) saves no signal mask, so a switch makes no system call.
 struct Fiber {
   ucontext_t uc;
+  jmp_buf jb;
+  bool started = false;
   char* stack;
   Ctx cuda;
   Barrier* waiting = nullptr;
@@ -152,6 +157,7 @@ struct Fiber {
 };
 
 inline ucontext_t scheduler;
+inline jmp_buf scheduler_jb;
 inline Fiber* current = nullptr;
 inline std::function<void(int)>* fiber_body = nullptr;
 
@@ -163,13 +169,14 @@ inline void arrive(Barrier& b) {
   }
   current->waiting = &b;
   current->wait_gen = b.gen;
-  swapcontext(&current->uc, &scheduler);
+  if (!_setjmp(current->jb)) _longjmp(scheduler_jb, 1);
 }
 
-inline void fiber_main() {
+[[noreturn]] inline void fiber_main() {
   (*fiber_body)(int(current->cuda.thread.x));
   current->done = true;
-}  // returns to the scheduler through uc_link
+  _longjmp(scheduler_jb, 1);  // never returns: uc_link would resume a stale scheduler context
+}
 
 template <class K>
 void run_block(int threads, K&& body) {
@@ -206,7 +213,11 @@ void run_block(int threads, K&& body) {
       f.waiting = nullptr;
       current = &f;
       ctx = f.cuda;
-      swapcontext(&scheduler, &f.uc);
+      if (!_setjmp(scheduler_jb)) {
+        if (f.started) _longjmp(f.jb, 1);
+        f.started = true;
+        swapcontext(&scheduler, &f.uc);
+      }
       progress = true;
       if (f.done) --left;
     }
