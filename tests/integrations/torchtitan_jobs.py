@@ -56,6 +56,7 @@ def refusals(rank, world):
     from torchtitan.protocols.sharding import SpmdLayout
 
     from fp4quant.integrations import torchtitan as fp4_titan
+    from fp4quant.integrations import torchtitan_boundary as boundary
 
     found = {}
 
@@ -80,8 +81,8 @@ def refusals(rank, world):
 
     def all_to_all():
         TP, DP, CP = MeshAxisName.TP, MeshAxisName.DP, MeshAxisName.CP
-        fp4_titan._kind(SpmdLayout({DP: spmd.R, CP: spmd.R, TP: spmd.S(1)}),
-                        SpmdLayout({DP: spmd.R, CP: spmd.R, TP: spmd.S(2)}), "a test boundary")
+        boundary._kind(SpmdLayout({DP: spmd.R, CP: spmd.R, TP: spmd.S(1)}),
+                       SpmdLayout({DP: spmd.R, CP: spmd.R, TP: spmd.S(2)}), "a test boundary")
 
     def bad_preset():
         config = example.job_config("exact", ac="none")
