@@ -51,8 +51,12 @@ def test_end_to_end_reports_mean_and_sd_over_seeds(tmp_path):
     out = tmp_path / "e2e.tex"
     tables.end_to_end(r, out, "cpu")
     tex = out.read_text()
-    row = next(line for line in tex.splitlines() if line.startswith("fp4quant"))
-    cells = [c.strip() for c in row.rstrip("\\ ").split("&")]
-    assert cells[1:4] == ["3", "3", "2010.0 $\\pm$ 10.0"] and cells[5] == "2.5200 $\\pm$ 0.0200"
-    assert "last 10 steps" in tex and "sample SD" in tex
+    # two experiments, two blocks: (a) tokens/s and speedup, (b) the training runs' losses
+    speed, training = ([[c.strip() for c in line.rstrip("\\ ").split("&")] for line in block.splitlines()
+                        if line.startswith("fp4quant")] for block in tex.split("\\begin{tabular}")[1:])
+    speedup = r[r.comm == "fp4quant"].speedup_vs_bf16
+    assert speed == [["fp4quant", "3", "2010.0 $\\pm$ 10.0",
+                      f"{speedup.mean():.3f} $\\pm$ {speedup.std(ddof=1):.3f}"]], speed
+    assert training == [["fp4quant", "3", "2.5200 $\\pm$ 0.0200", "2.6200 $\\pm$ 0.0200", "0.000"]], training
+    assert "last 10 steps" in tex and "sample SD" in tex and "(a) TP comm" in tex and "(b) TP comm" in tex
     assert tables.mean_sd(pd.Series([1.5]), ".2f") == "1.50"
