@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import matplotlib
 
@@ -125,6 +126,28 @@ def controls(conv: pd.DataFrame, margin: float) -> list[dict]:
     return out
 
 
+def run_hours(run: str | Path) -> float:
+    """A run's compute time in hours: the median step time of its log times its logged steps, so
+    that a process paused for a while (or a busy machine) counts as one typical step; evaluation
+    and start-up are not counted; NaN without a step log."""
+    log = Path(run) / "log.jsonl"
+    if not log.exists():
+        return float("nan")
+    times = [r["step_time_s"] for r in map(json.loads, log.read_text().splitlines()) if "step_time_s" in r]
+    return float(np.median(times)) * len(times) / 3600 if times else float("nan")
+
+
+def cost(conv: pd.DataFrame, cores_per_run: int | None) -> str:
+    """The study's cost, a sentence: run-hours (core-hours at ``cores_per_run``), in all and by TP."""
+    if "hours" not in conv or conv.hours.isna().all():
+        return ""
+    by_tp = conv.groupby("tp").hours.sum().sort_index(ascending=False)
+    unit, k = ("core-hours", cores_per_run) if cores_per_run else ("hours of one process each", 1)
+    return (f"Cost: {len(conv)} runs, {k * conv.hours.sum():.1f} {unit} (each run's median step time times its "
+            f"steps{f', {cores_per_run} core(s) a run' if cores_per_run else ''}; evaluation and start-up not "
+            f"counted); by TP: " + ", ".join(f"{int(tp)}: {k * h:.1f}" for tp, h in by_tp.items()) + ".")
+
+
 def headline(table: pd.DataFrame, config: str = "fp4quant") -> str:
     """The sentence the README quotes: ``config`` against BF16 at the largest TP."""
     if "diff_mean" not in table:
@@ -139,7 +162,8 @@ def headline(table: pd.DataFrame, config: str = "fp4quant") -> str:
             f"(margin +-{r.margin:g} nats)")
 
 
-def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict]) -> str:
+def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict],
+             cores_per_run: int | None = None) -> str:
     f = lambda v, fmt: "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)  # noqa: E731
     first = conv.iloc[0]
     margin = float(table.margin.iloc[0])
@@ -173,6 +197,8 @@ def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict]) 
         for r in control_rows:
             lines.append(f"| {r['tp']} | {r['config']} - {r['baseline']} | {r['n_pairs']} | {r['diff_mean']:+.4f} "
                          f"[{f(r['ci_low'], '+.4f')}, {f(r['ci_high'], '+.4f')}] | {r['verdict']} |")
+    if spent := cost(conv, cores_per_run):
+        lines += ["", spent]
     return "\n".join(lines) + "\n"
 
 

@@ -149,3 +149,22 @@ def test_one_seed_so_far_prints_no_nan_and_no_empty_interval(tmp_path, capsys):
     md = (tmp_path / "r" / "tp_summary.md").read_text()
     assert "one seed: no interval" in md and "not resolved: fewer than two paired seeds" in md
     assert not re.search(r"\bnan\b", md, re.I) and "[, ]" not in md and "1.0 seeds" not in md
+
+
+def test_the_cost_counts_a_paused_step_as_a_typical_one(runs, tmp_path):
+    """A run stopped for half an hour in one step (a CI proof beside the study) costs its median
+    step times its steps; the CLI states the study's core-hours, in all and by TP."""
+    log = runs[0] / "log.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    rows[7]["step_time_s"] = 1800.0
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert study_tp.run_hours(runs[0]) == pytest.approx(0.3 * len(rows) / 3600)
+    out = tmp_path / "results"
+    assert analysis_main(["study-tp", "--profile", "p", "--runs", *map(str, runs), "--margin", "0.05", "--order",
+                          "bf16", "fp4quant", "--out-dir", str(out), "--figure", str(tmp_path / "f.pdf"),
+                          "--cores-per-run", "2"]) == 0
+    hours = 2 * 0.3 * 40 / 3600  # two cores a run, 40 steps of 0.3 s
+    line = (out / "tp_summary.md").read_text().splitlines()[-1]
+    assert line.startswith(f"Cost: {len(runs)} runs, {len(runs) * hours:.1f} core-hours"), line
+    assert f"16: {10 * hours:.1f}" in line and f"1: {10 * hours:.1f}" in line, line
+    assert pd.read_csv(out / "tp_convergence.csv").hours.notna().all()

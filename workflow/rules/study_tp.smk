@@ -92,7 +92,8 @@ if STUDY_TP:
             margin=STUDY_TP["margin"],
         shell:
             "{PY:q} -m fp4quant.analysis study-tp --profile {PROFILE:q} --runs {params.runs:q} --order {params.order:q}"
-            " --margin {params.margin} --out-dir {TP_RESULTS:q} --figure {output.figure:q} 2> {log:q}"
+            " --margin {params.margin} --out-dir {TP_RESULTS:q} --figure {output.figure:q} --cores-per-run {TP_THREADS}"
+            " 2> {log:q}"
 
     rule study_tp_reduced_error:
         input:
