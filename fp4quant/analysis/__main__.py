@@ -111,10 +111,11 @@ def cmd_study_tp(a) -> None:
     """The TP-degree study's results: its runs (tp_convergence.csv), their summary against BF16
     at each TP with the equivalence verdicts (CSV and Markdown), and the loss-gap figure."""
     check_complete(a.runs)
-    check_same_training_code(a.runs)  # its runs gather over commits and machines: one training code
+    code = check_same_training_code(a.runs)["code"]  # its runs gather over commits and machines: one code
     check_runs(a.runs, also_varied=TP_VARIED)
     out = Path(a.out_dir)
-    conv = study.runs(a.runs, a.profile)
+    # code: the digest each run records, or (a run of before it was recorded) its commit's
+    conv = study.runs(a.runs, a.profile).assign(code=code)
     conv = conv.assign(hours=[study_tp.run_hours(r) for r in conv.run])
     table = study_tp.summary(conv, a.margin, a.order)
     text = study_tp.markdown(table, conv, study_tp.controls(conv, a.margin), a.cores_per_run)

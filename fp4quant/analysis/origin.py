@@ -174,7 +174,7 @@ def training_code(provenance: dict, where: str) -> str:
     run of before the digest was recorded, that of its commit, where git has it."""
     from ..provenance import code_digest  # git, only where a record lacks the digest
 
-    if provenance.get("code"):
+    if provenance.get("code") and provenance["code"] != "unknown":  # "unknown": recorded outside git
         return str(provenance["code"])
     commit = str(provenance.get("commit", ""))
     if not re.fullmatch(r"[0-9a-f]{40}", commit):
@@ -207,8 +207,9 @@ def check_same_training_code(run_dirs: Iterable[str | Path]) -> dict:
             for k, v in found.items():
                 seen = first.setdefault(k, (str(p), v))
                 if seen[1] != v:
-                    raise MixedOrigin(f"mixed runs: {seen[0]} ran training code {k} {seen[1]} but {p} {v}; "
-                                      "retrain the study's runs at one training code (snakemake retrains those that differ)")
+                    what = "training code" if k == "code" else k
+                    raise MixedOrigin(f"mixed runs: {seen[0]} ran {what} {seen[1]} but {p} {v}; retrain the study's "
+                                      f"runs at one {what} (snakemake retrains those that differ)")
             commits.add(str(prov.get("commit")))
             hardware.add(str(prov.get("hardware")))
     return {"code": first["code"][1], "torch": first["torch"][1], "commits": sorted(commits),

@@ -138,14 +138,17 @@ def run_hours(run: str | Path) -> float:
 
 
 def cost(conv: pd.DataFrame, cores_per_run: int | None) -> str:
-    """The study's cost, a sentence: run-hours (core-hours at ``cores_per_run``), in all and by TP."""
+    """The study's cost, a sentence: run-hours (core-hours at ``cores_per_run``) of the runs with a
+    step log, in all and by TP ("--" for a degree with none)."""
     if "hours" not in conv or conv.hours.isna().all():
         return ""
-    by_tp = conv.groupby("tp").hours.sum().sort_index(ascending=False)
-    unit, k = ("core-hours", cores_per_run) if cores_per_run else ("hours of one process each", 1)
-    return (f"Cost: {len(conv)} runs, {k * conv.hours.sum():.1f} {unit} (each run's median step time times its "
-            f"steps{f', {cores_per_run} core(s) a run' if cores_per_run else ''}; evaluation and start-up not "
-            f"counted); by TP: " + ", ".join(f"{int(tp)}: {k * h:.1f}" for tp, h in by_tp.items()) + ".")
+    timed = conv.hours.notna()
+    k, unit = (cores_per_run, "core-hours") if cores_per_run else (1, "hours of one process each")
+    by_tp = ", ".join(f"{int(tp)}: {k * g.hours.sum():.1f}" if g.hours.notna().any() else f"{int(tp)}: --"
+                      for tp, g in sorted(conv.groupby("tp"), key=lambda item: -item[0]))
+    return (f"Cost: {int(timed.sum())} of {len(conv)} runs timed, {k * conv.hours.sum():.1f} {unit} (each run's "
+            f"median step time times its steps{f', {cores_per_run} core(s) a run' if cores_per_run else ''}; "
+            f"evaluation and start-up not counted); by TP: {by_tp}.")
 
 
 def headline(table: pd.DataFrame, config: str = "fp4quant") -> str:
@@ -195,8 +198,9 @@ def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict],
                       "at TP = 1 (no communication, `--rounding-alone`) against float32.", "",
                   "| TP | config - baseline | n | mean [95% CI] | verdict against +-margin |", "|---|---|---|---|---|"]
         for r in control_rows:
-            lines.append(f"| {r['tp']} | {r['config']} - {r['baseline']} | {r['n_pairs']} | {r['diff_mean']:+.4f} "
-                         f"[{f(r['ci_low'], '+.4f')}, {f(r['ci_high'], '+.4f')}] | {r['verdict']} |")
+            diff = f"{r['diff_mean']:+.4f}{bracket(r['ci_low'], r['ci_high'])}" if r["n_pairs"] else ""
+            lines.append(f"| {r['tp']} | {r['config']} - {r['baseline']} | {r['n_pairs']} | {diff} "
+                         f"| {verdict_of(r) if diff else ''} |")
     if spent := cost(conv, cores_per_run):
         lines += ["", spent]
     return "\n".join(lines) + "\n"

@@ -141,6 +141,25 @@ def test_runs_of_several_commits_and_machines_but_one_training_code_are_one_stud
     assert len(err) == 1 and "mixed runs" in err[0] and str(runs[3]) in err[0] and "other" in err[0], err
 
 
+def test_an_unknown_digest_or_another_torch_is_refused_by_name(runs):
+    """A run recorded outside git ("unknown") names no training code: it is not one study with
+    the rest; a run of another torch is refused as such, not as other training code."""
+    from fp4quant.analysis.origin import MixedOrigin, check_same_training_code
+
+    def edit(folder, **prov):
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["provenance"].update(prov)
+        (folder / "summary.json").write_text(json.dumps(summary))
+
+    edit(runs[1], torch="2.12.0+cpu")
+    with pytest.raises(MixedOrigin, match=r"ran torch 2\.13\.0\+cpu but .* 2\.12\.0\+cpu; retrain the study's runs at "
+                                          r"one torch "):
+        check_same_training_code(runs)
+    edit(runs[1], torch="2.13.0+cpu", code="unknown")
+    with pytest.raises(MixedOrigin, match="records no training-code digest"):
+        check_same_training_code(runs)
+
+
 def test_one_seed_so_far_prints_no_nan_and_no_empty_interval(tmp_path, capsys):
     """A study read while it runs (one paired seed): the sentence and the table say so."""
     runs = [tp_run(tmp_path, 16, "bf16", 0, [2.0, 2.1, 2.05]), tp_run(tmp_path, 16, "fp4quant", 0, [2.02, 2.12, 2.07])]
@@ -162,9 +181,32 @@ def test_the_cost_counts_a_paused_step_as_a_typical_one(runs, tmp_path):
     out = tmp_path / "results"
     assert analysis_main(["study-tp", "--profile", "p", "--runs", *map(str, runs), "--margin", "0.05", "--order",
                           "bf16", "fp4quant", "--out-dir", str(out), "--figure", str(tmp_path / "f.pdf"),
-                          "--cores-per-run", "2"]) == 0
-    hours = 2 * 0.3 * 40 / 3600  # two cores a run, 40 steps of 0.3 s
+                          "--cores-per-run", "60"]) == 0
+    # 60 cores a run, 40 steps of 0.3 s: 0.2 core-hours a run; TP 16 and 1 ran 10 runs, TP 2 15
     line = (out / "tp_summary.md").read_text().splitlines()[-1]
-    assert line.startswith(f"Cost: {len(runs)} runs, {len(runs) * hours:.1f} core-hours"), line
-    assert f"16: {10 * hours:.1f}" in line and f"1: {10 * hours:.1f}" in line, line
+    assert line.startswith(f"Cost: {len(runs)} of {len(runs)} runs timed, 7.0 core-hours"), line
+    assert line.endswith("by TP: 16: 2.0, 2: 3.0, 1: 2.0."), line
     assert pd.read_csv(out / "tp_convergence.csv").hours.notna().all()
+
+
+def test_runs_without_a_step_log_are_not_costed_as_zero(runs):
+    """Missing logs are counted as missing, never as 0 hours; a degree with none prints "--"."""
+    for r in runs:
+        if "tp16" in str(r):
+            (r / "log.jsonl").unlink()
+    conv = study.runs(runs, "p")
+    conv = conv.assign(hours=[study_tp.run_hours(r) for r in conv.run])
+    line = study_tp.cost(conv, None)
+    assert line.startswith(f"Cost: {len(runs) - 10} of {len(runs)} runs timed") and "16: --" in line, line
+    assert "hours of one process each" in line
+
+
+def test_controls_print_no_nan_and_no_empty_interval_mid_study(runs, tmp_path):
+    """One seed of a control pairs: its difference without an interval; none pairs: an empty row."""
+    keep = [r for r in runs if not (("exact" in str(r) or "alone" in str(r)) and not str(r).endswith("seed0"))]
+    keep = [r for r in keep if not ("tp1" in str(r) and "exact" in str(r))]  # bf16-alone pairs with no float32 run
+    conv = study.runs(keep, "p")
+    md = study_tp.markdown(study_tp.summary(conv, 0.05), conv, study_tp.controls(conv, 0.05))
+    assert not re.search(r"\bnan\b", md) and "[, ]" not in md, md
+    rows = {line.split("|")[2].strip(): line for line in md.splitlines() if " - " in line and line.startswith("| ")}
+    assert rows["exact - bf16"].split("|")[3].strip() == "1" and "[" not in rows["exact - bf16"].split("|")[4]

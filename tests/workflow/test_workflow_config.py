@@ -225,3 +225,14 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
     assert "--comm bf16 " in controls["tp1/bf16-alone/seed3"] and "--rounding-alone" in controls["tp1/bf16-alone/seed3"]
     assert "--simulate-tp" not in controls["tp1/exact/seed0"] and "--simulate-tp" in controls["tp2/exact/seed0"]
     assert len([o for _, o in dry_run("study_tp") if "/tp_runs/" in o]) == 4 * (5 + 5 + 3 + 3) + 15
+
+
+def test_a_study_keyed_on_the_training_code_refuses_a_tree_git_cannot_read(tmp_path):
+    """Outside git every tree's digest would be "unknown": one key for any code, so it is refused."""
+    env = {k: v for k, v in os.environ.items() if k != "FP4QUANT_CODE"}
+    r = subprocess.run([sys.executable, "-m", "snakemake", "study_tp_batch1", "--snakefile", str(REPO / "Snakefile"),
+                        "-n", "--cores", "1", "--configfile", str(REPO / "workflow/config/study_tp.yaml")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**env, "PYTHONPATH": str(REPO), "GIT_DIR": str(tmp_path / "no-git")})
+    assert r.returncode != 0
+    assert "config error: provenance: training_code keys the runs on the training code's digest" in r.stderr, r.stderr
