@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-from scipy import stats
 
 from ..provenance import atomic_write_text
 from . import figures, study_tp, tradeoff
+from .study import paired_difference
 from .tables import _tex, formats, mean_sd, number, table_float, tabular
 
 PAPER_TEX = Path(__file__).resolve().parents[2] / "paper" / "main.tex"
@@ -64,7 +63,8 @@ def read(folder: Path, name: str) -> pd.DataFrame:
 
 
 def origin(df: pd.DataFrame, what: str) -> str:
-    """The one hardware of a source's rows ("<hw>"), refusing rows of two commits or torches."""
+    """The hardware of a source's rows (several machines joined by "; "), refusing rows of two commits
+    or torches."""
     for key in ("commit", "torch"):
         if key in df and df[key].nunique() > 1:
             raise PaperError(f"{what} mixes {key}s: {', '.join(sorted(df[key].astype(str).unique()))}")
@@ -154,6 +154,7 @@ class Paper:
                          "FP4), and each algorithm's training throughput over NCCL's BF16 all-reduce, nominal inputs "
                          "[low, high over the uncertain ones].")
         rows, measured = [], []
+        m = letter()  # the measured rows' block: emulated all-reduces (first rows, if any) and training
         if self.src.topology is not None:
             t = pd.read_csv(self.src.topology)
             hw = origin(t, str(self.src.topology))
@@ -178,7 +179,7 @@ class Paper:
             self.number("fqTwoByTwoMiB", mib)
             self.number("fqEmuHierSpeedup", number(base.latency_s / t.loc["fp4quant/hierarchical"].latency_s, ".2f"))
             self.number("fqEmuFlatSpeedup", number(base.latency_s / t.loc["fp4quant/two_shot"].latency_s, ".2f"))
-            measured.append(f"({letter()}, first rows) Emulated: the all-reduce of {mib} MiB on two emulated nodes of "
+            measured.append(f"({m}, first rows) Emulated: the all-reduce of {mib} MiB on two emulated nodes of "
                             f"two ranks (tc-shaped links; {_tex(hw)}), median [min, max] over the iterations; speedup "
                             "over the BF16 ring.")
         tp = figures.with_series(self.read(self.src.results, "throughput"))
@@ -197,7 +198,7 @@ class Paper:
         self.number("fqEmuTrainRuns", str(len(fq)))
         self.number("fqTrainNetwork", _tex(first.network))
         blocks.append(tabular(["measurement", "time or rate", "speedup", "n"], rows))
-        measured.append(f"({letter() if not measured else 'b'}{', last rows' if measured else ''}) Training "
+        measured.append(f"({m}{', last rows' if measured else ''}) Training "
                         f"throughput: {_tex(first.model)}, TP = {first.tp}, {first.steps} steps of sequence "
                         f"{first.seq_len} x batch {first.batch_size}, on {_tex(first.network)} ({_tex(hw)}); mean "
                         "$\\pm$ SD over n runs; speedup over BF16's mean.")
@@ -246,8 +247,7 @@ class Paper:
             self.number(f"{key}Loss", "--")
             if name == "naive_pack":
                 train, seeds = "none: fp4quant's bytes", "--"
-            elif conv is not None and name in set(conv.config):
-                d = paired(conv, name, "fp4quant")
+            elif conv is not None and name in set(conv.config) and (d := paired(conv, name, "fp4quant"))["n"]:
                 train, seeds = _range(d["mean"], d["low"], d["high"], "+.3f"), str(d["n"])
                 self.number(f"{key}Loss", number(d["mean"], "+.3f"))
             else:
@@ -280,16 +280,15 @@ class Paper:
                 rows.append([str(r.tp), _tex(r.config), str(r.n), f"{number(r.val_loss_mean, '.4f')} $\\pm$ "
                              f"{number(r.val_loss_sd, '.4f') if not pd.isna(r.val_loss_sd) else '--'}", diff,
                              _tex(str(getattr(r, "verdict", "")) if diff else "").split(" (the 90")[0]])
+            margin = float(t.margin.iloc[0])
             head = t[(t.config == "fp4quant") & t.diff_mean.notna()].sort_values("tp").iloc[-1:] if "diff_mean" in t else t[:0]
             if len(head):
                 h = head.iloc[0]
                 self.number("fqTPdegree", str(h.tp))
                 self.number("fqTPgap", _range(h.diff_mean, h.ci_low, h.ci_high, "+.3f"))
                 self.number("fqTPseeds", str(int(h.n_pairs)))
-                margin = float(t.margin.iloc[0])
                 self.number("fqTPverdict", _tex(str(h.verdict).split(" (the 90")[0])
                             + f" (equivalence margin $\\pm${number(margin, 'g')} nats, declared before the runs)")
-            margin = float(t.margin.iloc[0])
             first = conv.iloc[0]
             caption = (f"Convergence at TP = {', '.join(str(x) for x in sorted(set(t.tp)))} (measured, simulated ranks "
                        f"with the numerics of torchrun's; {_tex(hw)}): {_tex(first.model)}, {int(first.steps)} steps, "
@@ -311,8 +310,7 @@ class Paper:
             g = conv[conv.config == config]
             d = paired(conv, config, "bf16") if config != "bf16" else None
             rows.append([_tex(config), str(len(g)), mean_sd(g.final_val_loss, ".4f"),
-                         "" if d is None else _range(d["mean"], d["low"], d["high"], "+.3f") if d["n"] > 1
-                         else number(d["mean"], "+.3f") if d["n"] else ""])
+                         "" if d is None or d["n"] == 0 else _range(d["mean"], d["low"], d["high"], "+.3f")])
         d = paired(conv, "fp4quant", "bf16")
         if d["n"] == 0:
             raise PaperError(f"{what}: no seed has both a bf16 and an fp4quant run")
@@ -337,9 +335,15 @@ class Paper:
         def draw(name, fn, *args, **kw):
             try:
                 fn(*args, fig / f"{name}.pdf", kw.pop("profile", profile), **kw)
-            except KeyError as exc:  # results of an older version lack a column a figure now reads
-                raise PaperError(f"the {name} figure cannot be drawn from {r}: it has no column {exc}, so it was "
-                                 "written by an older version; rerun the workflow there") from None
+            except (KeyError, AttributeError) as exc:
+                # a column or row the figure reads is missing (results of an older version, or another file);
+                # an AttributeError on anything but a frame is a bug, and is raised as such
+                if isinstance(exc, AttributeError) and not isinstance(exc.obj, (pd.DataFrame, pd.Series)):
+                    raise
+                missing = exc.args[0] if isinstance(exc, KeyError) else exc.name
+                raise PaperError(f"the {name} figure cannot be drawn from {r}: it has no column or row {missing!r} "
+                                 "(written by an older version, or not the file the figure reads); rerun the "
+                                 "workflow there") from None
             made.append(name)
 
         draw("error", figures.error, self.read(r, "error"))
@@ -401,12 +405,8 @@ class Paper:
 
 
 def paired(conv: pd.DataFrame, config: str, base: str) -> dict:
-    """config - base final validation loss over the seeds both ran: n, mean and 95% t interval."""
-    a = conv[conv.config == config].set_index("seed").final_val_loss
-    b = conv[conv.config == base].set_index("seed").final_val_loss
-    seeds = sorted(set(a.index) & set(b.index))
-    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
-    if len(d) < 2:
-        return {"n": len(d), "mean": float(d.mean()) if len(d) else math.nan, "low": math.nan, "high": math.nan}
-    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
-    return {"n": len(d), "mean": float(d.mean()), "low": float(d.mean()) - half, "high": float(d.mean()) + half}
+    """config - base final validation loss over the seeds both ran: n, mean and 95% t interval
+    (study.paired_difference)."""
+    loss = lambda c: conv[conv.config == c].set_index("seed").final_val_loss  # noqa: E731
+    d = paired_difference(loss(config), loss(base))
+    return {"n": d["n_pairs"], "mean": d["diff_mean"], "low": d["ci_low"], "high": d["ci_high"]}

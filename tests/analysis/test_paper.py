@@ -77,6 +77,20 @@ def test_the_throughput_table_is_the_projection_and_the_emulation(built):
     assert macros(built)["fqProjHoldsPaper"] == "; ".join(holds) and len(holds) == 1
 
 
+@pytest.mark.parametrize("clusters, topology, notes", [
+    (True, True, ["(a) Projected", "(b, first rows) Emulated", "(b, last rows) Training"]),
+    (False, True, ["(a, first rows) Emulated", "(a, last rows) Training"]),
+    (True, False, ["(a) Projected", "(b) Training"]),
+    (False, False, ["(a) Training"])])
+def test_the_throughput_caption_names_each_block_by_its_letter(tmp_path, clusters, topology, notes):
+    src = paper.Sources(RUN, clusters=CLUSTERS if clusters else None, topology=TOPOLOGY if topology else None)
+    caption = paper.Paper(src, tmp_path).throughput_table().split("\\caption{")[1]
+    assert re.findall(r"\(([ab])(?:, (?:first|last) rows)?\) \w+", caption) == [n[1] for n in notes], caption
+    for note in notes:
+        assert note in caption, (note, caption)
+    assert caption.count("\\begin{tabular}") == clusters + 1
+
+
 def test_the_ablation_table_is_the_kernels_the_codec_and_the_study(built):
     got = {r[0].split(":")[0].replace("\\_", "_"): r for r in rows(built / "tables/ablation.tex")}
     assert set(got) == {"fp4quant (all three)", *paper.ABLATIONS}
