@@ -13,7 +13,9 @@ rule build_extension:
     log:
         f"{OUT}/logs/build_extension.log",
     params:
-        provenance=ROOT_KEY,  # a new commit, torch or machine reruns everything after this rule
+        # a new commit (the training code's digest under provenance: training_code), torch or machine
+        # reruns everything after this rule
+        provenance=ROOT_KEY,
     shell:
         "({BUILD} && cd {BASE:q} && {PY:q} workflow/scripts/cuda_compile_check.py \"$OLDPWD\"/{output.cuda:q}"
         " && cd \"$OLDPWD\" && {PY:q} -m fp4quant.info --json > {output.info:q}.tmp"
