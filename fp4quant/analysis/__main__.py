@@ -8,6 +8,7 @@ Each step first checks that its inputs come from one machine, commit and torch v
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from . import STUDY_FIGURES, claims, collect, figures, paper, study, study_tp, t
 from .comparable import TP_VARIED, Incomparable, check_complete, check_runs
 from .figures import FIGURES
 from .freeze import freeze
-from .origin import MixedOrigin, check_same_origin, check_same_training_code
+from .origin import MixedOrigin, check_same_origin, check_same_training_code, origin_of_frame
 from .tables import TABLES as PAPER_TABLES
 
 TABLES = (*PAPER_TABLES, "regime")
@@ -121,6 +122,9 @@ def cmd_study_tp(a) -> None:
     text = study_tp.markdown(table, conv, study_tp.controls(conv, a.margin), a.cores_per_run)
     _write(conv, out / "tp_convergence.csv")
     _write(table, out / "tp_summary.csv")
+    # the summary's rows are per (TP, config), not per run: its origin (the runs') beside it, as a
+    # benchmark's .meta.json, so that a freeze can check it
+    atomic_write_text(out / "tp_summary.csv.meta.json", json.dumps(origin_of_frame(conv, a.profile), sort_keys=True))
     atomic_write_text(out / "tp_summary.md", text)
     study_tp.loss_gap_figure(table, conv, a.figure, a.profile)
     print(text, file=sys.stderr)
@@ -281,6 +285,9 @@ def main(argv=None) -> int:
     z.add_argument("--figures", default="figures")
     z.add_argument("--tables", default="paper/tables")
     z.add_argument("--produced-by", default="make figures", help="the command that produced the run (for the README)")
+    z.add_argument("--study", action="store_true",
+                   help="a study keyed on the training code (provenance: training_code): its figures and tables in "
+                        "its own folder, its runs of one training code over several commits and machines")
     k = sub.add_parser("claims", help="the README's claims table, from the canonical evidence (reference/, data/)")
     k.add_argument("--root", default=".", help="the repository root the evidence paths are relative to")
     k.add_argument("--check", default=None, metavar="README",
@@ -290,9 +297,9 @@ def main(argv=None) -> int:
         if a.command == "claims":
             return cmd_claims(a)
         if a.command == "freeze":
-            origin = freeze(a.profile, a.to, a.data, a.figures, a.tables, a.produced_by)
-            print(f"froze profile {a.profile} ({'; '.join(origin['hardware'])}, commit {origin['commit'][:12]}) "
-                  f"into {a.to}", file=sys.stderr)
+            origin = freeze(a.profile, a.to, a.data, a.figures, a.tables, a.produced_by, study=a.study)
+            of = f"training code {origin['code']}" if "code" in origin else f"commit {origin['commit'][:12]}"
+            print(f"froze profile {a.profile} ({'; '.join(origin['hardware'])}, {of}) into {a.to}", file=sys.stderr)
         else:
             {"collect": cmd_collect, "throughput": cmd_throughput, "ablation": cmd_ablation, "study": cmd_study,
              "study-tp": cmd_study_tp, "study-tp-sqnr": cmd_study_tp_sqnr, "figure": cmd_figure, "table": cmd_table,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .comparable import RUN_FILES, Incomparable, check_complete, check_runs
 from .figures import FIGURES
-from .origin import MixedOrigin, check_same_origin, read_stamp
+from .origin import MixedOrigin, check_same_origin, check_same_training_code, read_stamp
 from .tables import TABLES
 
 SKIPPED_DIRS = {"tokens", "checkpoints", ".snakemake", "traffic"}  # large, and rebuilt by any run (traffic: captured tensors)
@@ -155,15 +155,19 @@ def slim(folder: str | Path) -> dict[str, list[str]]:
 
 
 def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str | Path = "figures",
-           tables: str | Path = "paper/tables", command: str = "make figures") -> dict:
-    """Copy one complete, consistent run into ``to`` in the slim layout; return its provenance."""
+           tables: str | Path = "paper/tables", command: str = "make figures", study: bool = False) -> dict:
+    """Copy one complete, consistent run into ``to`` in the slim layout; return its provenance.
+
+    ``study``: a study keyed on the training code (``provenance: training_code``), whose figures and
+    tables lie in its own folder and whose runs gather over commits and machines: every run must
+    have one training code and torch (origin.check_same_training_code), every result one torch."""
     src, dest = Path(data) / profile, Path(to)
     if not (src / "results").is_dir():
         raise FileNotFoundError(f"{src}/results: no results of profile {profile} to freeze (run the workflow first)")
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"{dest} already holds something; freeze into a new folder")
     files = run_files(src)
-    made = made_from_run(Path(figures), Path(tables), src)
+    made = [] if study else made_from_run(Path(figures), Path(tables), src)
     missing = [str(p) for p in made if not p.exists()]
     if missing:
         raise FileNotFoundError(f"{missing[0]} is missing: the run is not complete (run the workflow first)")
@@ -172,8 +176,17 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
         if stamped != profile:
             raise MixedOrigin(f"{p} was made for profile {stamped or '(none: it has no provenance stamp)'}, "
                               f"not {profile}; rerun the workflow for {profile} before freezing")
-    origin = check_same_origin([p for p in files if p.suffix in (".csv", ".json") and not p.name.endswith(".meta.json")
-                                and p.name != "meta.json"] + made)
+    results = [p for p in files if p.suffix in (".csv", ".json") and not p.name.endswith(".meta.json")
+               and p.name != "meta.json"] + made
+    if study:
+        code = check_same_training_code(training_runs(src))
+        if not code:
+            raise FileNotFoundError(f"{src}: no training runs: not a study to freeze")
+        check_same_origin(results, keys=("torch",))
+        origin = {"hardware": code["hardware"], "commit": "; ".join(code["commits"]), "torch": code["torch"],
+                  "code": code["code"]}
+    else:
+        origin = check_same_origin(results)
     check_training_runs(src)
     root = f"{src.resolve().parent.parent}/"  # the folder the run ran in (data/<profile> below it)
     for p in files:
@@ -221,6 +234,8 @@ def readme(profile: str, dest: Path, origin: dict, command: str,
         f"- produced by: `{command}`\n"
         f"- hardware: {hardware}\n"
         f"- commit: {origin['commit']}\n"
+        + (f"- training code: {origin['code']} (fp4quant.provenance.code_digest: the runs span the commits above, "
+           "all of this one training code)\n" if "code" in origin else "") +
         f"- torch: {origin['torch']}\n\n"
         f"`data/{profile}/`: the workflow's run summaries, benchmark CSVs and tidy results "
         "(without token files and checkpoints); `figures/`: the paper's figures; `tables/`: its LaTeX tables.\n"

@@ -131,14 +131,14 @@ def _show(key: str, value: str) -> str:
     return value if key != "torch" else f"torch {value}"
 
 
-def check_same_origin(paths: Iterable[str | Path]) -> dict:
-    """The common provenance of ``paths`` (files, or run folders holding summary.json); raise
-    MixedOrigin naming two that differ.  Hardware may differ only between a CPU and a GPU, so
+def check_same_origin(paths: Iterable[str | Path], keys: tuple[str, ...] = KEYS) -> dict:
+    """The common provenance of ``paths`` (files, or run folders holding summary.json) in ``keys``;
+    raise MixedOrigin naming two that differ.  Hardware may differ only between a CPU and a GPU, so
     the result's "hardware" is a list: one description per kind present."""
     first: dict[tuple[str, str], Record] = {}  # (key, hardware kind or "") -> first record seen
     for path in paths:
         for where, origin in records(path):
-            for k in KEYS:
+            for k in keys:
                 scope = (k, hardware_kind(origin[k]) if k == "hardware" else "")
                 if scope[1] is None:
                     raise MixedOrigin(f"{where} records hardware {origin[k]!r}, which is neither a machine's "
@@ -152,8 +152,8 @@ def check_same_origin(paths: Iterable[str | Path]) -> dict:
                                       f"from {_show(k, origin[k])}; {FIX}")
     if not first:
         return {}
-    return {"hardware": sorted(rec[1]["hardware"] for (k, _), rec in first.items() if k == "hardware"),
-            "commit": first[("commit", "")][1]["commit"], "torch": first[("torch", "")][1]["torch"]}
+    found = {"hardware": sorted(rec[1]["hardware"] for (k, _), rec in first.items() if k == "hardware")}
+    return found | {k: first[(k, "")][1][k] for k in ("commit", "torch") if (k, "") in first}
 
 
 def origin_of_frame(df, profile: str) -> dict | None:

@@ -210,3 +210,35 @@ def test_controls_print_no_nan_and_no_empty_interval_mid_study(runs, tmp_path):
     assert not re.search(r"\bnan\b", md) and "[, ]" not in md, md
     rows = {line.split("|")[2].strip(): line for line in md.splitlines() if " - " in line and line.startswith("| ")}
     assert rows["exact - bf16"].split("|")[3].strip() == "1" and "[" not in rows["exact - bf16"].split("|")[4]
+
+
+def test_a_study_of_several_commits_freezes_with_its_training_code(tmp_path, capsys):
+    """freeze --study: a study's runs span commits and machines of one training code; its README
+    names them all and the code; a run of other training code is refused in one line."""
+    src = tmp_path / "data" / "study_tp"
+    runs = [tp_run(src / "tp_runs", 16, c, s, [2.0 + 0.01 * s, 2.1, 2.05]) for c in ("bf16", "fp4quant") for s in (0, 1)]
+    summary = json.loads((runs[1] / "summary.json").read_text())
+    summary["provenance"].update(commit="b" * 40, hardware="Intel(R) Xeon(R) Processor, 2 cores (CPU)")
+    (runs[1] / "summary.json").write_text(json.dumps(summary))
+    assert analysis_main(["study-tp", "--profile", "study_tp", "--runs", *map(str, runs), "--margin", "0.05",
+                          "--order", "bf16", "fp4quant", "--out-dir", str(src / "results"),
+                          "--figure", str(src / "figures" / "loss_gap_tp.pdf")]) == 0
+    ref = tmp_path / "reference"
+    args = ["freeze", "--profile", "study_tp", "--data", str(tmp_path / "data"), "--study", "--produced-by",
+            "snakemake study_tp"]
+    assert analysis_main([*args, "--to", str(ref / "a")]) == 0
+    readme = (ref / "a" / "README.md").read_text()
+    assert f"- training code: {CODE}" in readme and "b" * 40 in readme and "Intel(R) Xeon" in readme, readme
+    assert (ref / "a" / "data/study_tp/figures/loss_gap_tp.pdf").exists()
+    assert (ref / "a" / "data/study_tp/tp_runs/tp16/bf16/seed0/summary.json").exists()
+    assert (ref / "a" / "raw.tar.xz").exists() and not list((ref / "a").rglob("log.jsonl"))
+    capsys.readouterr()  # without --study: a workflow run's figures are asked for, made at one commit
+    assert analysis_main(["freeze", "--profile", "study_tp", "--data", str(tmp_path / "data"), "--to",
+                          str(ref / "b"), "--figures", str(src / "figures"), "--tables", str(src)]) == 2
+    assert "is missing: the run is not complete" in capsys.readouterr().err
+    summary["provenance"]["code"] = "other"
+    (runs[1] / "summary.json").write_text(json.dumps(summary))
+    capsys.readouterr()
+    assert analysis_main([*args, "--to", str(ref / "c")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mixed runs" in err[0] and "training code" in err[0], err
