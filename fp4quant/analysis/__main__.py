@@ -116,8 +116,8 @@ def cmd_study_tp(a) -> None:
     check_runs(a.runs, also_varied=TP_VARIED)
     out = Path(a.out_dir)
     # code: the digest each run records, or (a run of before it was recorded) its commit's
-    conv = study.runs(a.runs, a.profile).assign(code=code)
-    conv = conv.assign(hours=[study_tp.run_hours(r) for r in conv.run])
+    conv = study.runs(a.runs, a.profile)
+    conv = conv.assign(code=code, hours=[study_tp.run_hours(r) for r in conv.run])
     table = study_tp.summary(conv, a.margin, a.order)
     text = study_tp.markdown(table, conv, study_tp.controls(conv, a.margin), a.cores_per_run)
     _write(conv, out / "tp_convergence.csv")

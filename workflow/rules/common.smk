@@ -62,14 +62,15 @@ PROVENANCE_KEY = f"{git_commit()}, torch {torch.__version__}" + (
 # over commits that leave that code as it was, and over machines (each run's summary names its
 # commit and hardware, and the study's analysis checks that every run has one code and torch).
 # Its timings are no result.
-TRAINING_CODE = code_digest()
-if config.get("provenance", "commit") == "training_code" and TRAINING_CODE == "unknown":
-    # every tree would share the key "unknown": runs of other code would be kept as this code's
-    raise SystemExit("config error: provenance: training_code keys the runs on the training code's digest, and git "
-                     "cannot read this tree (not a git checkout?); set FP4QUANT_CODE to name the code, or use "
-                     "provenance: commit")
-TRAINING_KEY = f"training code {TRAINING_CODE}, torch {torch.__version__}"
-ROOT_KEY = TRAINING_KEY if config.get("provenance", "commit") == "training_code" else PROVENANCE_KEY
+if config.get("provenance", "commit") == "training_code":
+    TRAINING_CODE = code_digest()
+    if TRAINING_CODE == "unknown":  # every tree would share this key: runs of other code kept as this code's
+        raise SystemExit("config error: provenance: training_code keys the runs on the training code's digest, and "
+                         "git cannot read this tree (not a git checkout?); set FP4QUANT_CODE to name the code, or "
+                         "use provenance: commit")
+    ROOT_KEY = f"training code {TRAINING_CODE}, torch {torch.__version__}"
+else:
+    ROOT_KEY = PROVENANCE_KEY
 
 
 def q(*words):
