@@ -21,13 +21,15 @@ pandas reads as it is).
 from __future__ import annotations
 
 import csv
+import json
 import lzma
+import math
 import shutil
 import tarfile
 import time
 from pathlib import Path
 
-from .comparable import RUN_FILES, Incomparable, check_complete, check_runs
+from .comparable import RUN_FILES, TP_VARIED, Incomparable, check_complete, check_runs
 from .figures import FIGURES
 from .origin import MixedOrigin, check_same_origin, check_same_training_code, read_stamp
 from .tables import TABLES
@@ -43,8 +45,10 @@ TEXT_SUFFIXES = {".log", ".xml", ".json", ".jsonl", ".txt", ".csv", ".md"}
 # ends), the workflow's resume key and the cluster record written beside them
 RUN_MARKS = (*RUN_FILES, "checkpoints", "workflow_job.json", "cluster.json")
 # the result tables that compare training runs side by side, naming each in their run column
-# (written by the analysis steps collect, throughput and study, which checked them as they wrote them)
-COMPARED_TABLES = {"training.csv", "curves.csv", "throughput.csv", "breakdown.csv", "convergence.csv"}
+# (written by the analysis steps collect, throughput, study and study-tp, which checked them as they
+# wrote them), and what their runs may differ in besides comparable.VARIED
+COMPARED_TABLES = {"training.csv": (), "curves.csv": (), "throughput.csv": (), "breakdown.csv": (),
+                   "convergence.csv": (), "tp_convergence.csv": TP_VARIED}
 # the slim layout (see the module's docstring): the archive of the raw logs, the folders whose
 # files are all raw (as runs of path parts: the unit tests' output, the step model's validation
 # with its probes and runs), and the size above which a CSV is kept xz-compressed
@@ -94,9 +98,31 @@ def check_training_runs(data: Path) -> None:
     check_complete(sorted({*training_runs(data), *(r for runs in tables.values() for r in runs)}))
     for table, runs in tables.items():
         try:
-            check_runs(runs)
+            check_runs(runs, also_varied=COMPARED_TABLES[table.name])
         except Incomparable as exc:  # which table compares them
             raise Incomparable(f"{table}: {exc}") from None
+
+
+def check_study_results(data: Path) -> None:
+    """A study's results describe the runs frozen with them: its tables name every training run
+    under ``data``, each with the final validation loss its summary.json records.  Results built
+    before a run was added or retrained are stale: one line naming the run."""
+    tables = compared_runs(data)
+    named = {r.resolve() for runs in tables.values() for r in runs}
+    unnamed = [r for r in training_runs(data) if r.resolve() not in named]
+    if unnamed:
+        raise Incomparable(f"{unnamed[0]}: a run no table of {data}/results names (the results are older than it): "
+                           "rebuild the study's results before freezing")
+    root = data.resolve().parent.parent
+    for table in tables:
+        with open(table, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("run") and r.get("final_val_loss")]
+        for row in rows:
+            recorded = json.loads(((root / row["run"]) / "summary.json").read_text()).get("val_loss")
+            if recorded is None or not math.isclose(float(row["final_val_loss"]), recorded, rel_tol=1e-12):
+                raise Incomparable(f"{table}: run {row['run']} has final validation loss {row['final_val_loss']}, "
+                                   f"but its summary.json says {recorded} (retrained since?): rebuild the study's "
+                                   "results before freezing")
 
 
 def made_from_run(figures: Path, tables: Path, data: Path) -> list[Path]:
@@ -183,6 +209,7 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
         if not code:
             raise FileNotFoundError(f"{src}: no training runs: not a study to freeze")
         check_same_origin(results, keys=("torch",))
+        check_study_results(src)
         origin = {"hardware": code["hardware"], "commit": "; ".join(code["commits"]), "torch": code["torch"],
                   "code": code["code"]}
     else:

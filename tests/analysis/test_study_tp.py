@@ -242,3 +242,34 @@ def test_a_study_of_several_commits_freezes_with_its_training_code(tmp_path, cap
     assert analysis_main([*args, "--to", str(ref / "c")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mixed runs" in err[0] and "training code" in err[0], err
+
+
+def test_freeze_refuses_study_results_older_than_its_runs(tmp_path, capsys):
+    """freeze --study: results built before a run was added, or before one was retrained, are
+    stale; each refused in one line naming the run, and the TP degrees they span are allowed."""
+    src = tmp_path / "data" / "study_tp"
+    runs = [tp_run(src / "tp_runs", tp, c, s, [2.0 + 0.01 * s, 2.1, 2.05])
+            for tp in (2, 16) for c in ("bf16", "fp4quant") for s in (0, 1)]
+
+    def results(of):
+        assert analysis_main(["study-tp", "--profile", "study_tp", "--runs", *map(str, of), "--margin", "0.05",
+                              "--order", "bf16", "fp4quant", "--out-dir", str(src / "results"),
+                              "--figure", str(src / "figures" / "loss_gap_tp.pdf")]) == 0
+
+    def freeze(to):
+        capsys.readouterr()
+        rc = analysis_main(["freeze", "--profile", "study_tp", "--data", str(tmp_path / "data"), "--study",
+                            "--produced-by", "snakemake study_tp", "--to", str(tmp_path / to)])
+        return rc, capsys.readouterr().err.strip().splitlines()
+
+    results(runs[:-1])  # before the last run was trained
+    rc, err = freeze("a")
+    assert rc == 2 and len(err) == 1 and "tp16/fp4quant/seed1" in err[0] and "no table" in err[0], err
+    results(runs)
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    summary["val_loss"] += 0.01  # retrained after the results were built
+    (runs[0] / "summary.json").write_text(json.dumps(summary))
+    rc, err = freeze("b")
+    assert rc == 2 and len(err) == 1 and "tp2/bf16/seed0" in err[0] and "retrained" in err[0], err
+    results(runs)
+    assert freeze("c")[0] == 0
