@@ -66,7 +66,7 @@ def measure(numel: int, seeds: int, kinds=tuple(KINDS)) -> list[dict]:
                     "bits_per_value": round(8 * layout(numel, config).nbytes / numel, 4),
                     "nmse": mean,
                     "nmse_std": std,
-                    "sqnr_db": -10 * math.log10(mean) if mean > 0 else math.inf,
+                    "sqnr_db": -10 * math.log10(mean) if mean > 0 else math.inf if mean == 0 else math.nan,
                     "numel": numel,
                     "seeds": seeds,
                 })

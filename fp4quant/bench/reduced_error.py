@@ -38,9 +38,18 @@ PRESETS = ("bf16", "fp4quant", "nvfp4", "fp8")
 
 
 def sqnr_db(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    err = float((approx.double() - exact).pow(2).sum())
-    energy = float(exact.pow(2).sum())
-    return math.inf if err == 0 else 10 * math.log10(energy / err)
+    """10 log10 of the exact tensor's energy over the error's; +inf only for no error, NaN
+    where the approximation is not finite (an overflow is no perfect result)."""
+    return db(float(exact.pow(2).sum()), float((approx.double() - exact).pow(2).sum()))
+
+
+def db(energy: float, err: float) -> float:
+    return math.nan if not math.isfinite(err) else math.inf if err == 0 else 10 * math.log10(energy / err)
+
+
+def median(values: list[float]) -> float:
+    """The median, NaN if any value is (statistics.median would place a NaN anywhere)."""
+    return math.nan if any(math.isnan(v) for v in values) else statistics.median(values)
 
 
 def reduce(parts: list[torch.Tensor], preset: str, direction: str, step: int, seed: int = 0) -> torch.Tensor:
@@ -68,7 +77,10 @@ def measure(folders: list[str], presets: list[str], max_calls: int | None = None
     rows = []
     for folder in folders:
         caps = load_captures(folder)
-        world = max(c["rank"] for c in caps) + 1
+        tps = sorted({str(c.get("meta", {}).get("tp")) for c in caps})  # what the run recorded, not the files found
+        if len(tps) != 1 or not tps[0].isdigit() or int(tps[0]) < 2:
+            raise ValueError(f"{folder}: the captures record TP degrees {', '.join(tps)}, not one TP degree of 2 or more")
+        world = int(tps[0])
         for step in sorted({c["step"] for c in caps}):
             by_rank = {c["rank"]: c for c in caps if c["step"] == step}
             if sorted(by_rank) != list(range(world)):
@@ -96,6 +108,14 @@ def measure(folders: list[str], presets: list[str], max_calls: int | None = None
     return rows
 
 
+def _nan_first(v: float) -> float:  # min and max keys: a NaN is the extreme, never skipped
+    return -math.inf if math.isnan(v) else v
+
+
+def _nan_last(v: float) -> float:
+    return math.inf if math.isnan(v) else v
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -105,10 +125,10 @@ def summarize(rows: list[dict]) -> list[dict]:
         sq, one = [r["sqnr_db"] for r in rs], [r["single_sqnr_db"] for r in rs]
         err = sum(r["error_energy"] for r in rs)
         out.append({"tp": tp, "direction": direction, "preset": preset, "tensors": len(rs),
-                    "sqnr_db_median": statistics.median(sq), "sqnr_db_min": min(sq), "sqnr_db_max": max(sq),
-                    "sqnr_db_pooled": math.inf if err == 0 else 10 * math.log10(sum(r["energy"] for r in rs) / err),
-                    "single_sqnr_db_median": statistics.median(one), "single_sqnr_db_min": min(one),
-                    "single_sqnr_db_max": max(one)})
+                    "sqnr_db_median": median(sq), "sqnr_db_min": min(sq, key=_nan_first),
+                    "sqnr_db_max": max(sq, key=_nan_last), "sqnr_db_pooled": db(sum(r["energy"] for r in rs), err),
+                    "single_sqnr_db_median": median(one), "single_sqnr_db_min": min(one, key=_nan_first),
+                    "single_sqnr_db_max": max(one, key=_nan_last)})
     return out
 
 
@@ -121,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     presets = [p for p in a.presets.split(",") if p]
+    if a.max_calls is not None and a.max_calls < 2:
+        ap.error(f"--max-calls {a.max_calls}: at least 2 (the first and the last call of each step)")
     try:
         for p in presets:
             CommConfig.from_preset(p)

@@ -116,7 +116,7 @@ def measure(captures: list[dict], group: int | None = None) -> list[dict]:
         for labels, codec in todo:
             e = nmse(codec(x), x)
             rows.append({**where, **labels, "numel": x.numel(), "rms": math.sqrt(energy / x.numel()), "nmse": e,
-                         "sqnr_db": -10 * math.log10(e) if e > 0 else math.inf})
+                         "sqnr_db": -10 * math.log10(e) if e > 0 else math.inf if e == 0 else math.nan})
     return rows
 
 
