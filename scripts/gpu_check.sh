@@ -382,19 +382,9 @@ stage_projection() {
   mapfile -t runs < <(find "$CLUSTER/throughput" -name summary.json -exec dirname {} \; 2>/dev/null | sort)
   ((${#runs[@]})) || { echo "no training runs under $CLUSTER/throughput"; return 1; }
   if [[ -f $RESULTS/kernels_cuda.csv ]]; then
-    # the performance model reads a kernel CSV's GB/s as float32 input (4 bytes a value); a TP
-    # all-reduce carries bfloat16: its rows, their GB/s restated as 4 bytes per value (values/s x 4)
-    "$PYTHON" - <<'EOF'
-import os, pandas as pd
-results = os.environ["RESULTS"]
-df = pd.read_csv(os.path.join(results, "kernels_cuda.csv"))
-df = df[df.dtype == "bfloat16"].copy() if "dtype" in df and (df.dtype == "bfloat16").any() else df
-itemsize = df.dtype.map({"float32": 4, "bfloat16": 2, "float16": 2}).fillna(4) if "dtype" in df else 4
-df["gbps"] = df.gbps * 4 / itemsize
-df.to_csv(os.path.join(results, "kernels_for_projection.csv"), index=False)
-print(f"codec rates for the projection: {len(df)} rows of {sorted(set(df.get('dtype', ['float32'])))} inputs")
-EOF
-    kernels=(--gpu-kernels "$RESULTS/kernels_for_projection.csv")
+    # the performance model takes the bfloat16 rows where they were measured (what a TP
+    # all-reduce carries), each dtype's GB/s at its own bytes a value
+    kernels=(--gpu-kernels "$RESULTS/kernels_cuda.csv")
   else
     echo "no kernels_cuda.csv (dry run): the projection with the performance model's assumed H100 codec rates"
   fi

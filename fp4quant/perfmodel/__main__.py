@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -26,26 +27,51 @@ PAPER_SPEEDUP = 1.56  # Qwen-7B, H100 nodes, FP4Quant over BF16 (the paper's hea
 PROJECTIONS = [("H100, Qwen-7B, TP=8 in one node", 8), ("H100, Qwen-7B, TP=16 across two nodes", 16)]
 
 
-def rows_for(scenario: str, w: Workload, m, presets, measured: dict[str, float]) -> list[dict]:
+def rows_for(scenario: str, w: Workload, m, presets, measured: dict[str, list[float]]) -> list[dict]:
+    """A row per preset: the model's step, and where runs were measured the median of their
+    tokens/s with its range over them (the seeds) and the model's error against the median."""
     rows, base = [], None
+    med = {p: statistics.median(v) for p, v in measured.items()}
     for preset in presets:
         s = step(w, m, preset)
         base = s.tokens_per_s if preset == "bf16" else base
-        meas = measured.get(preset)
+        meas = med.get(preset)
         rows.append({
             "scenario": scenario, "comm": preset, "hidden_size": w.model.hidden_size, "layers": w.model.num_layers,
             "tp": w.tp, "seq_len": w.seq_len, "batch_size": w.batch_size,
             "predicted_tokens_per_s": s.tokens_per_s, "compute_s": s.compute_s, "comm_s": s.comm_s,
             "codec_s": s.codec_s, "wire_bytes_per_step": s.wire_bytes,
             "measured_tokens_per_s": meas if meas is not None else "",
+            "measured_tokens_per_s_min": min(measured[preset]) if meas is not None else "",
+            "measured_tokens_per_s_max": max(measured[preset]) if meas is not None else "",
+            "measured_runs": len(measured.get(preset, [])),
             "error": (s.tokens_per_s / meas - 1) if meas else "",
             "predicted_speedup": s.tokens_per_s / base if base else "",
         })
-    if "bf16" in measured:
+    if "bf16" in med:
         for r in rows:
-            if r["comm"] in measured:
-                r["measured_speedup"] = measured[r["comm"]] / measured["bf16"]
+            if r["comm"] in med:
+                r["measured_speedup"] = med[r["comm"]] / med["bf16"]
     return rows
+
+
+def measured_runs(run_dirs: list[str]) -> tuple[Workload, dict[str, list[float]]]:
+    """The one workload the emulated cluster's runs trained, and the tokens/s of each preset's runs
+    (its seeds: repeats); a ValueError naming two runs that differ in shape (a speedup of two
+    workloads would be no measurement)."""
+    measured, workloads = {}, []
+    for d in map(Path, run_dirs):
+        s = json.loads((d / "summary.json").read_text())
+        cfg = s["provenance"]["config"]
+        measured.setdefault(cfg["comm"], []).append(float(s["tokens_per_s"]))
+        workloads.append((Workload(ModelConfig(**s["model"]), s["mesh"]["tp"], cfg["seq_len"], cfg["batch_size"],
+                                   s["mesh"]["dp"]), d))
+    (first, a), *rest = workloads
+    for w, b in rest:
+        if w != first:
+            diff = [f for f in ("tp", "seq_len", "batch_size", "dp", "model") if getattr(w, f) != getattr(first, f)]
+            raise ValueError(f"runs {a} and {b} differ in {', '.join(diff)}: the runs compared must train one workload")
+    return first, measured
 
 
 def main(argv=None) -> int:
@@ -56,22 +82,21 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-kernels", default=None, help="CUDA kernel benchmark CSV (else assumed codec rates)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    cal = json.loads(Path(a.calibration).read_text())
-    target = TargetCluster(**cal["target"])
-    emu, fit = machines.emulated(cal, a.collectives)
-    measured, workload = {}, None
-    for d in map(Path, a.runs):
-        s = json.loads((d / "summary.json").read_text())
-        cfg = s["provenance"]["config"]
-        measured[cfg["comm"]] = s["tokens_per_s"]
-        workload = Workload(ModelConfig(**s["model"]), s["mesh"]["tp"], cfg["seq_len"], cfg["batch_size"],
-                            s["mesh"]["dp"])
-    presets = ["bf16"] + [p for p in measured if p != "bf16"]
-    rows = rows_for("emulated cluster (validation)", workload, emu, presets, measured)
-    for name, tp in PROJECTIONS:
-        w = Workload(ModelConfig.preset("qwen-7b"), tp, 2048, 1)
-        gpu = machines.h100(tp, target, a.gpu_kernels)
-        rows += rows_for(name, w, gpu, ["bf16", "fp4quant"], {})
+    try:  # everything read and checked before anything is written
+        cal = json.loads(Path(a.calibration).read_text())
+        target = TargetCluster(**cal["target"])
+        emu, fit = machines.emulated(cal, a.collectives)
+        workload, measured = measured_runs(a.runs)
+        presets = ["bf16"] + [p for p in measured if p != "bf16"]
+        rows = rows_for("emulated cluster (validation)", workload, emu, presets, measured)
+        for name, tp in PROJECTIONS:
+            w = Workload(ModelConfig.preset("qwen-7b"), tp, 2048, 1)
+            gpu = machines.h100(tp, target, a.gpu_kernels)
+            rows += rows_for(name, w, gpu, ["bf16", "fp4quant"], {})
+    except (OSError, KeyError, TypeError, ValueError, IndexError) as exc:
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        print(f"python -m fp4quant.perfmodel: error: {what}", file=sys.stderr)
+        return 2
     prov = provenance()
     for r in rows:
         r["hardware"] = prov["hardware"] if r["scenario"].startswith("emulated") else gpu.name

@@ -33,15 +33,28 @@ def h100_codec(target: TargetCluster, world: int, efficiency: float = H100_CODEC
     return {"fp4quant": rates}
 
 
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes a value of each input dtype (the kernels' GB/s count them)
+
+
 def gpu_codec(csv: str | Path) -> dict[str, dict[str, float]]:
-    """values/s per preset and op from a CUDA kernel benchmark (largest size measured)."""
+    """values/s per preset and op from a CUDA kernel benchmark (largest size measured), of BF16
+    input where it was measured (what the all-reduce carries), else of float32 input: each
+    dtype's GB/s counts its own bytes a value."""
     df = pd.read_csv(csv)
     df = df[(df.impl == "native") & (df.device == "cuda")]
+    if "dtype" not in df:
+        df = df.assign(dtype="float32")  # a benchmark from before the dtype column: float32 input
+    if df.empty:
+        raise ValueError(f"{csv}: no native CUDA kernel rows (impl native, device cuda)")
+    unknown = sorted(set(df.dtype) - set(ITEMSIZE))
+    if unknown:
+        raise ValueError(f"{csv}: input dtype {unknown[0]} is not one of {', '.join(ITEMSIZE)}")
+    dtype = "bfloat16" if (df.dtype == "bfloat16").any() else "float32"
     out: dict[str, dict[str, float]] = {}
-    for (preset, op), g in df.groupby(["preset", "op"]):
+    for (preset, op), g in df[df.dtype == dtype].groupby(["preset", "op"]):
         row = g.sort_values("size_bytes").iloc[-1]
         scale = 2 if op == "dequantize_reduce" else 1  # its GB/s counts both summed messages
-        out.setdefault(preset, {})[op] = row.gbps * 1e9 / 4 / scale
+        out.setdefault(preset, {})[op] = row.gbps * 1e9 / ITEMSIZE[dtype] / scale
     return out
 
 

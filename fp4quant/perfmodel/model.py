@@ -65,6 +65,18 @@ class Machine:
     scalar_allreduce_s: float | None = None  # measured seconds of one scalar all-reduce (None: alpha-beta)
     skew_s: float = 0.0  # per step, a rank's wait for a slower peer (load imbalance; measured by perfmodel.probe)
 
+    def __post_init__(self):  # a NaN, zero or negative rate would give a tokens/s that looks like one
+        for name in ("rank_flops", "inter_bw", "intra_bw"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"machine {self.name!r}: {name} must be positive and finite, "
+                                 f"got {getattr(self, name)}")
+        for name in ("inter_latency", "intra_latency", "burst_bytes", "skew_s"):
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise ValueError(f"machine {self.name!r}: {name} must be at least 0 and finite, "
+                                 f"got {getattr(self, name)}")
+        if self.ranks_per_node < 1:
+            raise ValueError(f"machine {self.name!r}: ranks_per_node must be at least 1, got {self.ranks_per_node}")
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -79,6 +91,9 @@ class Workload:
     message_fraction: float = 1.0
 
     def __post_init__(self):
+        for name in ("tp", "seq_len", "batch_size", "dp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"workload: {name} must be at least 1, got {getattr(self, name)}")
         if not 0 < self.message_fraction <= 1:
             raise ValueError(f"message_fraction must be in (0, 1], got {self.message_fraction}")
 
@@ -150,6 +165,8 @@ def step(w: Workload, m: Machine, preset: str, compress: str = "both", overlap: 
     (``overlap``: the wire time hides behind compute, see the module's docstring)."""
     compute = w.model.flops_per_token(w.seq_len) * w.tokens / w.tp / m.rank_flops
     spans_nodes = w.tp > m.ranks_per_node
+    if spans_nodes and w.tp % m.ranks_per_node:
+        raise ValueError(f"TP {w.tp} does not fill whole nodes of {m.ranks_per_node} ranks on {m.name!r}")
     bw, lat = (m.inter_bw, m.inter_latency) if spans_nodes else (m.intra_bw, m.intra_latency)
     values = w.tokens * w.model.hidden_size * w.message_fraction
     n = w.messages_per_direction

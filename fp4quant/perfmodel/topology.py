@@ -33,6 +33,7 @@ combination of the uncertain ones.  Nothing is fitted to the paper's 1.56x.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 
 from ..format.config import QuantConfig
@@ -164,6 +165,8 @@ def allreduce(algorithm: str, values: float, tp: int, c: Cluster, a: Assumptions
     """One all-reduce of ``values`` BF16 values over ``tp`` GPUs of cluster ``c``."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if tp < 1 or c.gpus_per_node < 1:
+        raise ValueError(f"TP {tp} over nodes of {c.gpus_per_node} GPUs: both must be at least 1")
     L = min(tp, c.gpus_per_node)
     if tp % L:
         raise ValueError(f"TP {tp} does not fill whole nodes of {c.gpus_per_node} GPUs")
@@ -278,7 +281,9 @@ def measured_rows(bench_rows, w: Workload, flops_per_gpu: float, cluster: str) -
         for k, col in (("s", "latency_s"), ("lo", "latency_min_s"), ("hi", "latency_max_s")):
             d[k].append(float(r[col]))
     if "nccl_bf16" not in by:
-        raise ValueError("the benchmark has no uncompressed all-reduce (series none/uncompressed) to compare with")
+        dtypes = sorted({r.get("dtype", "bfloat16") for r in bench_rows})
+        raise ValueError("the benchmark has no uncompressed all-reduce of bfloat16 input (series none/uncompressed) "
+                         f"to compare with (its dtypes: {', '.join(dtypes)}; the step sends BF16 activations)")
     compute = w.model.flops_per_token(w.seq_len) * w.seq_len * w.batch_size / w.tp / flops_per_gpu
     size = 2.0 * w.values
 
@@ -359,6 +364,27 @@ def emulated_validation(rows, calibration: dict, link: dict, nodes: int, ranks_p
     return out
 
 
+def measured_cluster_rows(path: str, model: str, seq_len: int, batch_size: int, flops_per_gpu: float,
+                          prov: dict) -> list[dict]:
+    """measured_rows of the benchmark CSV ``path``: one real cluster's all-reduces at one TP degree
+    (its world size) and hardware, or ValueError naming what the rows mix."""
+    import csv
+
+    with open(path, newline="") as f:
+        bench = list(csv.DictReader(f))
+    if not bench:
+        raise ValueError(f"{path}: no benchmark rows")
+    for key in ("world_size", "hardware"):
+        seen = sorted({str(r.get(key)) for r in bench})
+        if len(seen) != 1:
+            raise ValueError(f"{path}: rows of {key} {' and '.join(seen)}: one benchmark of one cluster and TP "
+                             "degree a file")
+    w = Workload(ModelConfig.preset(model), int(bench[0]["world_size"]), seq_len, batch_size)
+    hw = bench[0]["hardware"]
+    return [{**r, "model": model, "hardware": hw, "commit": prov["commit"], "torch": prov["torch"]}
+            for r in measured_rows(bench, w, flops_per_gpu, f"measured: {hw}")]
+
+
 def main(argv=None) -> int:
     """python -m fp4quant.perfmodel.topology --out projection_clusters.csv
         [--emulated BENCH.csv --calibration CAL.json --nodes 2 --ranks-per-node 2 --emulated-out VALIDATION.csv]"""
@@ -372,35 +398,49 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fp4quant.perfmodel.topology", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the projection table (cluster x TP x algorithm)")
+    def positive(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+        return int(text)
+
     ap.add_argument("--model", default="qwen-7b")
-    ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--tp", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--seq-len", type=positive, default=2048)
+    ap.add_argument("--batch-size", type=positive, default=1)
+    ap.add_argument("--tp", type=positive, nargs="+", default=[8, 16])
     ap.add_argument("--emulated", default=None, help="the all-reduce benchmark on the emulated cluster (CSV)")
     ap.add_argument("--calibration", default=None, help="its calibration (JSON)")
     ap.add_argument("--link-collectives", default=None,
                     help="the uncompressed all-reduces measured on that link, one rank a node (the emulated "
                          "cluster's collective benchmark): the link's effective bandwidth and latency are fitted to them")
-    ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--ranks-per-node", type=int, default=2)
+    ap.add_argument("--nodes", type=positive, default=2)
+    ap.add_argument("--ranks-per-node", type=positive, default=2)
     ap.add_argument("--emulated-out", default=None)
     ap.add_argument("--measured", default=None,
                     help="the all-reduce benchmark on real GPU nodes (CSV): added as rows with measured all-reduces")
     ap.add_argument("--measured-flops", type=float, default=Cluster("", 8, 0, 0, 0).flops_per_gpu,
                     help="sustained FLOP/s a GPU for the measured rows' compute")
     a = ap.parse_args(argv)
+    if a.emulated and not (a.calibration and a.emulated_out and a.link_collectives):
+        ap.error("--emulated needs --calibration, --link-collectives and --emulated-out")
     prov = provenance()
-    rows = table(tps=tuple(a.tp), model=a.model, seq_len=a.seq_len, batch_size=a.batch_size)
-    for r in rows:
-        r.update(hardware="H100 (assumed)", commit=prov["commit"], torch=prov["torch"])  # the origin check knows it
-    if a.measured:
-        with open(a.measured) as f:
-            bench = list(csv.DictReader(f))
-        tp = int(bench[0]["world_size"])
-        w = Workload(ModelConfig.preset(a.model), tp, a.seq_len, a.batch_size)
-        for r in measured_rows(bench, w, a.measured_flops, f"measured: {bench[0]['hardware']}"):
-            rows.append({**r, "model": a.model, "hardware": bench[0]["hardware"], "commit": prov["commit"],
-                         "torch": prov["torch"]})
+    try:  # everything read and checked before anything is written
+        rows = table(tps=tuple(a.tp), model=a.model, seq_len=a.seq_len, batch_size=a.batch_size)
+        for r in rows:
+            r.update(hardware="H100 (assumed)", commit=prov["commit"], torch=prov["torch"])  # the origin check knows it
+        if a.measured:
+            rows += measured_cluster_rows(a.measured, a.model, a.seq_len, a.batch_size, a.measured_flops, prov)
+        checked = None
+        if a.emulated:
+            from .machines import emulated as emulated_machine
+
+            with open(a.emulated, newline="") as f:
+                bench = list(csv.DictReader(f))
+            cal = json.loads(Path(a.calibration).read_text())
+            _, link = emulated_machine(cal, a.link_collectives)
+            checked = emulated_validation(bench, cal, link, a.nodes, a.ranks_per_node)
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"python -m fp4quant.perfmodel.topology: error: {exc}", file=sys.stderr)
+        return 2
     atomic_write_csv(a.out, rows)
     assumptions = Assumptions()
     atomic_write_json(a.out + ".meta.json", provenance(
@@ -410,16 +450,7 @@ def main(argv=None) -> int:
         nccl_model={"protocols": NCCL_PROTOCOLS, "ring_plateau": NCCL_RING_PLATEAU,
                     "source": "NVIDIA/nccl src/graph/tuning.cc (Simple protocol)"},
         message_bits=MESSAGE_BITS, codec_launch_s=LAUNCH_S))
-    if a.emulated:
-        if not (a.calibration and a.emulated_out and a.link_collectives):
-            ap.error("--emulated needs --calibration, --link-collectives and --emulated-out")
-        from .machines import emulated as emulated_machine
-
-        with open(a.emulated) as f:
-            bench = list(csv.DictReader(f))
-        cal = json.loads(open(a.calibration).read())
-        _, link = emulated_machine(cal, a.link_collectives)
-        checked = emulated_validation(bench, cal, link, a.nodes, a.ranks_per_node)
+    if checked is not None:
         atomic_write_csv(a.emulated_out, checked)
         for r in checked:
             print(f"{r['series']} {r['size_bytes'] >> 20} MiB: measured {r['measured_s']:.3f} s, predicted "

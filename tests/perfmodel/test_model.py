@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -97,7 +99,9 @@ def test_the_assumed_h100_reduce_reads_every_ranks_message_for_each_shard_value(
         machines.h100_codec(target, 1)
 
 
-def test_cli_validates_and_projects(tmp_path):
+def cli_inputs(tmp_path, shapes=(("bf16", 800.0, 128), ("fp4quant", 1700.0, 128))):
+    """A calibration, an uncompressed all-reduce benchmark and one run folder per (comm, tokens/s,
+    sequence length): the perfmodel CLI's arguments but --out."""
     cal = {"target": vars(TargetCluster()), "rank_flops": 5e10, "link_rate_bps": 6e7, "link_latency_s": 0.06,
            "time_dilation": 8000, "message_values": 65536,
            "codec_gbps": {"fp4quant": {"quantize": 4.0, "dequantize_reduce": 4.0, "dequantize": 6.0}}}
@@ -106,22 +110,54 @@ def test_cli_validates_and_projects(tmp_path):
                   "size_bytes": [1e4, 1e5, 1e6], "latency_s": [allreduce_time(s, 2, 7.5e6, 1e-3) for s in (1e4, 1e5, 1e6)]}
                  ).to_csv(tmp_path / "coll.csv", index=False)
     runs = []
-    for comm, tps in (("bf16", 800.0), ("fp4quant", 1700.0)):
-        d = tmp_path / comm
+    for i, (comm, tps, seq_len) in enumerate(shapes):
+        d = tmp_path / f"run{i}-{comm}"
         d.mkdir()
         (d / "summary.json").write_text(json.dumps({
-            "provenance": {"config": {"comm": comm, "seq_len": 128, "batch_size": 2}},
+            "provenance": {"config": {"comm": comm, "seq_len": seq_len, "batch_size": 2}},
             "model": ModelConfig.preset("tiny").to_dict(), "mesh": {"tp": 2, "dp": 1}, "tokens_per_s": tps}))
         runs.append(str(d))
+    return ["--calibration", str(tmp_path / "cal.json"), "--collectives", str(tmp_path / "coll.csv"), "--runs", *runs]
+
+
+def test_cli_validates_and_projects(tmp_path):
     out = tmp_path / "proj.csv"
-    assert perfmodel_main(["--calibration", str(tmp_path / "cal.json"), "--collectives", str(tmp_path / "coll.csv"),
-                           "--runs", *runs, "--out", str(out)]) == 0
+    assert perfmodel_main([*cli_inputs(tmp_path), "--out", str(out)]) == 0
     df = pd.read_csv(out)
     emu = df[df.scenario.str.startswith("emulated")].set_index("comm")
     assert emu.loc["fp4quant", "measured_tokens_per_s"] == 1700.0
     assert emu.loc["fp4quant", "error"] == pytest.approx(emu.loc["fp4quant", "predicted_tokens_per_s"] / 1700 - 1)
     assert set(df.scenario) >= {"H100, Qwen-7B, TP=8 in one node", "H100, Qwen-7B, TP=16 across two nodes"}
     assert (out.parent / "proj.csv.meta.json").exists()
+
+
+def test_cli_refuses_runs_of_two_workloads_in_one_line(tmp_path, capsys):
+    """Runs of two shapes gave a "measured speedup" of two workloads, labelled with the last."""
+    out = tmp_path / "proj.csv"
+    shapes = (("bf16", 800.0, 128), ("fp4quant", 1700.0, 512))
+    assert perfmodel_main([*cli_inputs(tmp_path, shapes), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(r"differ in seq_len: the runs compared must train one workload", err[0]), err
+    assert not out.exists()
+
+
+def test_cli_reads_a_presets_seeds_as_repeats_median_and_range(tmp_path):
+    """Three seeds of each preset: the median tokens/s with its range, not the last run's."""
+    shapes = [(c, t, 128) for c, ts in (("bf16", (800.0, 700.0, 900.0)), ("fp4quant", (1700.0, 1500.0, 1600.0)))
+              for t in ts]
+    out = tmp_path / "proj.csv"
+    assert perfmodel_main([*cli_inputs(tmp_path, shapes), "--out", str(out)]) == 0
+    emu = pd.read_csv(out).query("scenario.str.startswith('emulated')", engine="python").set_index("comm")
+    assert list(emu.loc["fp4quant", ["measured_tokens_per_s", "measured_tokens_per_s_min",
+                                     "measured_tokens_per_s_max", "measured_runs"]]) == [1600.0, 1500.0, 1700.0, 3]
+    assert emu.loc["fp4quant", "measured_speedup"] == pytest.approx(1600 / 800)
+
+
+def test_cli_names_a_missing_run_in_one_line(tmp_path, capsys):
+    args = cli_inputs(tmp_path)
+    assert perfmodel_main([*args, str(tmp_path / "gone"), "--out", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gone/summary.json" in err[0], err
 
 
 def test_token_bucket_credit_only_helps_messages_and_is_capped():
@@ -151,3 +187,25 @@ def test_shaped_allreduces_follow_one_bucket_through_the_phases():
     assert shaped_allreduces(3, 800, 2, 1e6, 4e-4, 1000, 0.0, 0.0, 0.0) == pytest.approx(3 * 2 * 4e-4)
     assert shaped_allreduces(3, 800, 2, 1e6, 0.0, 1000, 1.0, 0.0, 0.0) == pytest.approx(0.0)
     assert shaped_allreduces(3, 4000, 2, 1e6, 0.0, 1000, 1.0, 1.0, 1.0) == pytest.approx(3 * 2 * 1000 / 1e6)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"inter_bw": -50e9}, "inter_bw must be positive and finite"),
+    ({"inter_bw": float("nan")}, "inter_bw must be positive and finite"),
+    ({"inter_bw": 0.0}, "inter_bw must be positive and finite"),
+    ({"intra_latency": -1e-6}, "intra_latency must be at least 0"),
+    ({"ranks_per_node": 0}, "ranks_per_node must be at least 1"),
+])
+def test_an_impossible_machine_is_refused_not_modelled(change, message):
+    """A negative, zero or NaN bandwidth gave a negative, infinite or NaN tokens/s."""
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(machines.h100(8), **change)
+
+
+def test_an_impossible_workload_is_refused_not_modelled():
+    qwen = ModelConfig.preset("qwen-7b")
+    for tp in (0, -4):
+        with pytest.raises(ValueError, match="tp must be at least 1"):
+            Workload(qwen, tp, 2048, 1)
+    with pytest.raises(ValueError, match="TP 12 does not fill whole nodes of 8 ranks"):
+        step(Workload(qwen, 12, 2048, 1), machines.h100(12), "fp4quant")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -98,3 +99,62 @@ def test_measured_rows_interpolate_between_sizes():
     rows = {r["algorithm"]: r for r in t.measured_rows(bench, w, 400e12, "measured: test")}
     assert rows["nccl_bf16"]["speedup"] == 1.0
     assert rows["hierarchical_fp4"]["speedup_low"] < rows["hierarchical_fp4"]["speedup"] > 1.0
+
+
+def _bench_rows(world, hardware="H100 test", dtype="bfloat16"):
+    return [{"series": s, "size_bytes": str(size), "latency_s": str(sec), "latency_min_s": str(sec * 0.9),
+             "latency_max_s": str(sec * 1.1), "dtype": dtype, "world_size": str(world), "hardware": hardware}
+            for s, k in (("none/uncompressed", 2.0), ("fp4quant/hierarchical", 1.0))
+            for size, sec in ((16 << 20, 1e-4 * k), (64 << 20, 4e-4 * k))]
+
+
+def _write(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return str(path)
+
+
+@pytest.mark.parametrize("rows, message", [
+    (_bench_rows(16) + _bench_rows(8), "rows of world_size 16 and 8"),
+    (_bench_rows(16) + _bench_rows(16, hardware="other"), "rows of hardware H100 test and other"),
+    (_bench_rows(16, dtype="float32"), r"no uncompressed all-reduce of bfloat16 input .*its dtypes: float32"),
+])
+def test_a_measured_benchmark_that_mixes_runs_is_one_line_and_writes_nothing(tmp_path, capsys, rows, message):
+    """Rows of two TP degrees (or clusters) would be pooled into one speedup: refused, and so is a
+    benchmark of float32 input, whose sizes are not the BF16 step's messages."""
+    out = tmp_path / "p.csv"
+    assert t.main(["--out", str(out), "--measured", _write(tmp_path / "b.csv", rows)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(message, err[0]), err
+    assert not out.exists()
+
+
+def test_a_measured_benchmark_of_one_tp_gives_rows_at_its_tp(tmp_path):
+    out = tmp_path / "p.csv"
+    assert t.main(["--out", str(out), "--tp", "16", "--measured", _write(tmp_path / "b.csv", _bench_rows(8))]) == 0
+    measured = [r for r in csv.DictReader(open(out)) if r["cluster"].startswith("measured")]
+    assert {r["tp"] for r in measured} == {"8"} and {r["hardware"] for r in measured} == {"H100 test"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tp", "-8"], "'-8' is not a positive integer"),
+    (["--tp", "0"], "'0' is not a positive integer"),
+    (["--emulated", "x.csv"], "--emulated needs --calibration"),
+])
+def test_impossible_arguments_are_one_line_before_anything_is_written(tmp_path, capsys, argv, message):
+    out = tmp_path / "p.csv"
+    with pytest.raises(SystemExit) as exc:
+        t.main(["--out", str(out), *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err and not out.exists()
+
+
+def test_missing_files_and_tp_that_fills_no_nodes_are_one_line(tmp_path, capsys):
+    out = tmp_path / "p.csv"
+    assert t.main(["--out", str(out), "--measured", str(tmp_path / "none.csv")]) == 2
+    assert "none.csv" in capsys.readouterr().err and not out.exists()
+    assert t.main(["--out", str(out), "--tp", "12"]) == 2
+    assert "TP 12 does not fill whole nodes of 8 GPUs" in capsys.readouterr().err and not out.exists()
+    with pytest.raises(ValueError, match="at least 1"):
+        t.allreduce("flat_fp4", 1e6, -8, DGX, NOMINAL)
