@@ -230,6 +230,14 @@ def main(argv=None) -> int:
     sizes = sorted(args.sizes or DEFAULT_SIZES)
     if not 1 <= args.min_iters <= max(args.iters, 1):
         ap.error(f"--min-iters must be in 1..--iters ({args.iters}), got {args.min_iters}")
+    itemsize = getattr(torch, args.dtype).itemsize
+    bad = [size for size in sizes if size < itemsize or size % itemsize]
+    if bad:  # a zero-element all-reduce times nothing, and a remainder would be dropped unsaid
+        ap.error(f"--sizes {bad[0]}: each size must be a positive multiple of {itemsize} bytes ({args.dtype})")
+    if args.chunk_bytes != "auto" and not args.chunk_bytes.isdigit():
+        ap.error(f"--chunk-bytes wants 'auto', a number of bytes or 0 (no chunking), got {args.chunk_bytes!r}")
+    if any(c < 1 for c in args.chunk_sweep):
+        ap.error(f"--chunk-sweep sizes must be positive, got {args.chunk_sweep}")
     pin_threads()  # ranks share the cores: no inherited extra threads
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")

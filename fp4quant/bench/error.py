@@ -23,7 +23,7 @@ from .. import dequantize, quantize
 from ..format.config import PRESETS, QuantConfig
 from ..format.packed import layout
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
-from .tensors import KINDS, make
+from .tensors import HIDDEN, KINDS, make
 
 SWEEP_GROUPS = (64, 128, 256, 512, 1024, 2048)
 
@@ -57,7 +57,9 @@ def measure(numel: int, seeds: int, kinds=tuple(KINDS)) -> list[dict]:
                     errors.append(nmse(dequantize(quantize(x, config)), x))
                     bar.update()
                 mean = sum(errors) / len(errors)
-                std = math.sqrt(sum((e - mean) ** 2 for e in errors) / max(len(errors) - 1, 1))
+                # one seed has no spread: NaN, never a 0 that reads as a measured one
+                std = math.sqrt(sum((e - mean) ** 2 for e in errors) / (len(errors) - 1)) if len(errors) > 1 \
+                    else math.nan
                 rows.append({
                     "study": study,
                     "config": label,
@@ -76,9 +78,13 @@ def measure(numel: int, seeds: int, kinds=tuple(KINDS)) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="data/error.csv")
-    ap.add_argument("--numel", type=int, default=1 << 20, help="values per tensor (multiple of 4096)")
+    ap.add_argument("--numel", type=int, default=1 << 20, help=f"values per tensor (a multiple of {HIDDEN})")
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args(argv)
+    if args.numel < HIDDEN or args.numel % HIDDEN:
+        ap.error(f"--numel {args.numel}: a positive multiple of {HIDDEN} (the tensors' rows)")
+    if args.seeds < 1:
+        ap.error(f"--seeds {args.seeds}: at least 1")
     prov = provenance(numel=args.numel, seeds=args.seeds)
     rows = measure(args.numel, args.seeds)
     for row in rows:

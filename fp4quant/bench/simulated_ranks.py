@@ -87,19 +87,28 @@ def main(argv=None) -> int:
                       what="tokens/s of fp4quant.train: torchrun ranks over gloo vs --simulate-tp threads "
                            "(fp4quant.bench.simulated_ranks)")
     rows = []
+    # the runs finished so far, rewritten after each: a failed run (or ^C) loses no finished one
+    partial = Path(a.out + ".partial.csv")
+    partial.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="simulated-ranks-"))
     try:
         for repeat in range(a.repeats):
             plan = [(1, FLOOR)] + [(w, k) for w in worlds for k in (KINDS if repeat % 2 == 0 else KINDS[::-1])]
             for world, kind in plan:  # neither kind always runs first
                 out = scratch / f"{kind}-w{world}-r{repeat}"
-                summary, wall = launch(kind, world, train_args, out)
+                try:
+                    summary, wall = launch(kind, world, train_args, out)
+                except RuntimeError as exc:
+                    kept = f"; the {len(rows)} runs finished are in {partial}" if rows else ""
+                    print(f"fp4quant.bench.simulated_ranks: error: {exc} (repeat {repeat}){kept}", file=sys.stderr)
+                    return 1
                 rows.append({"world": world, "kind": kind, "repeat": repeat,
                              "tokens_per_s": summary["tokens_per_s"], "step_time_s": summary["step_time_s"],
                              "process_wall_s": wall, "final_loss": summary["final_loss"],
                              "hardware": prov["hardware"], "commit": prov["commit"]})
                 print(f"W={world} {kind} repeat {repeat}: {summary['tokens_per_s']:.0f} tokens/s, "
                       f"final loss {summary['final_loss']:.6f}", file=sys.stderr)
+                atomic_write_csv(partial, rows)
                 shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -115,9 +124,9 @@ def main(argv=None) -> int:
         print(f"W={world}: simulated / real tokens/s = {statistics.median(ratios):.2f}x "
               f"(range {min(ratios):.2f}-{max(ratios):.2f} over {a.repeats} repeats); of TP = 1's tokens/s: "
               + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in of_tp1.items()), file=sys.stderr)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(a.out, rows)
     atomic_write_json(a.out + ".meta.json", {**prov, "speedup": speedups})
+    partial.unlink(missing_ok=True)
     print(f"wrote {len(rows)} rows to {a.out}", file=sys.stderr)
     return 0
 

@@ -142,13 +142,13 @@ def cmd_run(a, job: list[str]) -> int:
             if "failed" in probe:
                 print(f"fp4quant.cluster: the latency probe failed ({probe['failed']}); running the job",
                       file=sys.stderr)
+        if a.record:  # before the job, as on loopback: a job that fails or times out keeps its record
+            atomic_write_json(a.record, {**record, "emulated": True, "latency_shaped": cluster.latency_shaped,
+                                         **_prov()})
         master = cluster.members[0].address
         codes = cluster.run_all([torchrun(a.nodes, a.nproc_per_node, i, master, a.port) + rank_job(job)
                                  for i in range(a.nodes)],
                                 timeout=a.timeout, env=env)
-        if a.record:
-            atomic_write_json(a.record, {**record, "emulated": True, "latency_shaped": cluster.latency_shaped,
-                                         **_prov()})
     failed = next((i for i, c in enumerate(codes) if c), None)
     if failed is None:
         return 0
@@ -209,6 +209,17 @@ def main(argv=None) -> int:
         print("\n".join(cleanup_stale()) or "nothing to remove")
         return 0
     if a.command == "calibrate":
+        from ..format.config import QuantConfig
+        from ..models.model_config import ModelConfig
+
+        try:  # before the measurement (a minute), not after it
+            if min(a.tp, a.seq_len, a.batch_size) < 1:
+                raise ValueError(f"--tp {a.tp}, --seq-len {a.seq_len}, --batch-size {a.batch_size}: each at least 1")
+            ModelConfig.preset(a.model).check_tp(a.tp)
+            for preset in a.presets:
+                QuantConfig.preset(preset)
+        except ValueError as exc:
+            ap.error(f"calibrate: {exc}")
         cal = calibrate(a.model, a.seq_len, a.batch_size, a.tp, a.presets)
         d = cal.to_dict()
         atomic_write_json(a.out, {**d, "provenance": provenance()})

@@ -57,6 +57,8 @@ def rate_at(transfers: pd.DataFrame, primitive: str, sent_bytes: float) -> float
     if t.empty:
         raise PredictionError(f"the transfer benchmark has no {primitive!r} rows")
     sizes, rates = t.sent_bytes.to_numpy(dtype=float), t.MBps_per_rank.to_numpy(dtype=float) * 1e6
+    if not (rates > 0).all():  # NaN included: a time from no rate is no prediction
+        raise PredictionError(f"the transfer benchmark's {primitive!r} rates are not all positive: {sorted(rates)}")
     if sent_bytes <= sizes[0]:
         return float(rates[0])
     if sent_bytes >= sizes[-1]:
@@ -98,6 +100,14 @@ def predict(row: pd.Series, transfers: pd.DataFrame, world: int, latency_s: floa
 
 def prediction_rows(collectives: pd.DataFrame, transfers: pd.DataFrame, record: dict, size: int) -> list[dict]:
     """One row per algorithm measured at ``size`` bytes, uncompressed first."""
+    needed = {"size_bytes", "algorithm", "series", "wire_bytes", "latency_s", "latency_min_s", "latency_max_s",
+              "iters", "codec_s_rank0", "chunk_bytes"}
+    if needed - set(collectives):
+        raise PredictionError(f"the collective benchmark has no column {sorted(needed - set(collectives))[0]}: "
+                              "not a CSV of fp4quant.bench.allreduce_sweep")
+    if {"primitive", "sent_bytes", "MBps_per_rank"} - set(transfers):
+        raise PredictionError("the transfer benchmark has no primitive, sent_bytes or MBps_per_rank column: "
+                              "not a CSV of fp4quant.bench.transfers")
     rows = collectives[collectives.size_bytes == size]
     base = rows[rows.algorithm == "uncompressed"]
     if base.empty or len(rows) < 2:

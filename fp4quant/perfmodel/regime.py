@@ -167,7 +167,8 @@ def regime_rows(cal: dict, runs: list[str | Path], warmup: int, presets=("bf16",
         latency = (s["comm"].get("hooks") or {}).get("latency_s", 0.0)
         per_run = [measured_parts(r["steady"], w.tp, latency) for r in group]
         mean = {c: statistics.fmean(x[c] for x in per_run) for c in COMPONENTS}
-        sd = {c: statistics.stdev(shares(x)[c] for x in per_run) if len(per_run) > 1 else 0.0 for c in COMPONENTS}
+        # one run has no spread: none written (never a 0 that reads as a measured one)
+        sd = {c: statistics.stdev(shares(x)[c] for x in per_run) for c in COMPONENTS} if len(per_run) > 1 else None
         tps = [r["tokens_per_s"] for r in group]
         rows.append(_row(scenario, "measured", p, w, mean, len(group), sd, statistics.fmean(tps)))
     return rows

@@ -48,3 +48,19 @@ def test_benchmark_quick(tmp_path):
     assert len(chunked) and (chunked.size_bytes >= 2 * chunked.chunk_bytes).all()
     meta = json.loads((tmp_path / "collectives.csv.meta.json").read_text())
     assert meta["world_size"] == 2 and "gloo/2" in meta["summary"]["auto_thresholds"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sizes", "0"], "--sizes 0: each size must be a positive multiple of 4 bytes (float32)"),
+    (["--sizes", "4096", "3"], "--sizes 3: each size must be a positive multiple of 4 bytes"),
+    (["--sizes", "4098", "--dtype", "float32"], "--sizes 4098: each size must be a positive multiple of 4"),
+    (["--chunk-bytes", "abc"], "--chunk-bytes wants 'auto', a number of bytes or 0"),
+    (["--chunk-sweep", "0"], "--chunk-sweep sizes must be positive"),
+])
+def test_sizes_that_time_nothing_are_one_line_before_any_rank_starts(argv, message, capsys):
+    """--sizes 0 divided by zero on every rank; --sizes 3 timed zero-element all-reduces."""
+    from fp4quant.bench.allreduce_sweep import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err

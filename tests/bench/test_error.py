@@ -19,7 +19,16 @@ def test_writes_csv_with_provenance(tmp_path):
     # single_scale underflows on 1e-6 gradients; the dual scale does not
     assert presets.loc[("single_scale", "small_gradient"), "nmse"] > 0.9
     assert presets.loc[("fp4quant", "small_gradient"), "nmse"] < 0.02
+    assert df.nmse_std.isna().all()  # one seed: no spread, never a measured-looking 0
     assert (tmp_path / "error.csv.meta.json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [(["--numel", "1000"], "--numel 1000: a positive multiple of 4096"),
+                                           (["--seeds", "0"], "--seeds 0: at least 1")])
+def test_bad_sizes_are_one_line(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        error.main(["--out", str(tmp_path / "e.csv"), *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_tensor_kinds():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -110,10 +111,25 @@ def test_an_expired_timeout_stops_the_job_with_a_message(emulated, tmp_path):
     job.write_text(JOB)
     env = {**os.environ} if emulated else {**os.environ, "FP4QUANT_NO_CLUSTER": "1"}
     r = subprocess.run([sys.executable, "-m", "fp4quant.cluster", "run", "--nodes", "2", "--timeout", "4",
-                        "--port", "29652", "--", str(job), str(tmp_path)],
+                        "--port", "29652", "--record", str(tmp_path / "record.json"), "--", str(job), str(tmp_path)],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 124
+    assert json.loads((tmp_path / "record.json").read_text())["emulated"] is emulated  # kept though the job was stopped
     assert r.stderr.splitlines()[-1] == \
         "fp4quant.cluster: error: --timeout: the job ran past its timeout of 4 s and was stopped"
     ranks = [int(f.read_text()) for f in tmp_path.glob("pid*") if f.read_text()]
     assert not any(running(p) for p in ranks)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "nope"], "calibrate: unknown model 'nope'"),
+    (["--tp", "3"], "calibrate: tensor-parallel size 3 does not divide"),
+    (["--tp", "0"], "calibrate: --tp 0, --seq-len 128, --batch-size 2: each at least 1"),
+    (["--presets", "fp4quant", "nope"], "calibrate: unknown preset 'nope'"),
+])
+def test_bad_calibrate_arguments_are_one_line_before_measuring(args, message, capsys, tmp_path):
+    from fp4quant.cluster.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", "--out", str(tmp_path / "cal.json"), *args])
+    assert exc.value.code == 2 and message in capsys.readouterr().err and not (tmp_path / "cal.json").exists()

@@ -96,3 +96,12 @@ def test_the_cli_writes_provenance_and_refuses_bad_input_in_one_line(tmp_path, c
     paths["record"].write_text(json.dumps({"nodes": 2}))
     assert allreduce.main(args) == 2
     assert "the cluster record lacks 'dilation'" in capsys.readouterr().err
+    paths["record"].write_text(json.dumps(RECORD))
+    COLLECTIVES.drop(columns=["algorithm"]).to_csv(paths["collectives"], index=False)
+    assert allreduce.main(args) == 2
+    assert "the collective benchmark has no column algorithm" in capsys.readouterr().err.strip().splitlines()[-1]
+    COLLECTIVES.to_csv(paths["collectives"], index=False)
+    TRANSFERS.assign(MBps_per_rank=TRANSFERS.MBps_per_rank.where(TRANSFERS.primitive != "all_reduce", 0.0)
+                     ).to_csv(paths["transfers"], index=False)
+    assert allreduce.main(args) == 2  # a zero rate divided by zero
+    assert "'all_reduce' rates are not all positive" in capsys.readouterr().err.strip().splitlines()[-1]
