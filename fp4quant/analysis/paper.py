@@ -293,8 +293,10 @@ class Paper:
             caption = (f"Convergence at TP = {', '.join(str(x) for x in sorted(set(t.tp)))} (measured, simulated ranks "
                        f"with the numerics of torchrun's; {_tex(hw)}): {_tex(first.model)}, {int(first.steps)} steps, "
                        f"{int(first.tokens):,} tokens a run; final validation loss mean $\\pm$ SD over the seeds; "
-                       f"difference to BF16 at the same TP paired by seed [95\\% t interval]; verdict of two one-sided "
-                       f"tests against the margin $\\pm${number(margin, 'g')} nats declared before the runs.")
+                       f"difference to BF16 at the same TP paired by seed [95\\% t interval]; against the margin "
+                       f"$\\pm${number(margin, 'g')} nats declared before the runs: within it where both one-sided "
+                       "tests reject at 5\\% (the 90\\% interval inside it), outside it where the whole 95\\% "
+                       "interval lies beyond it, else not resolved.")
             return _float(caption, "tab:convergence", tabular(
                 ["TP", "wire", "n", "val. loss", "$-$ BF16", "verdict"], rows, "llrrrl"))
         if self.src.study is not None:

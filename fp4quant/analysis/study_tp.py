@@ -13,7 +13,7 @@ tp_summary.md       the same as a table, the verdict sentences, and the control 
 
 The verdict of a difference d (config - BF16) with margin m:
   within the margin   both one-sided tests reject at 5% (the 90% interval lies inside (-m, +m))
-  outside it          the whole 95% interval lies beyond +m (worse) or below -m (better)
+  outside the margin  the whole 95% interval lies beyond +m (worse) or below -m (better)
   not resolved        otherwise: how far the 90% interval reaches past the margin is stated
 """
 
@@ -63,9 +63,9 @@ def verdict(row: dict, margin: float) -> str:
     if max(row["p_lower"], row["p_upper"]) < ALPHA:
         return "within the margin"
     if row["ci_low"] > margin:
-        return "outside it (worse)"
+        return "outside the margin (worse)"
     if row["ci_high"] < -margin:
-        return "outside it (better)"
+        return "outside the margin (better)"
     past = max(row["ci90_high"] - margin, -margin - row["ci90_low"])
     return f"not resolved, by {past:.3f} nats (the 90% interval reaches {row['ci90_low']:+.3f} .. {row['ci90_high']:+.3f})"
 
@@ -93,6 +93,9 @@ def summary(conv: pd.DataFrame, margin: float, order: list[str] | None = None) -
     compared with BF16 at its TP."""
     if not math.isfinite(margin) or margin <= 0:
         raise StudyError(f"the equivalence margin must be a positive number of nats, got {margin}")
+    if conv.final_val_loss.isna().any():  # study.runs refuses them; a table built otherwise must too
+        bad = conv[conv.final_val_loss.isna()].iloc[0]
+        raise StudyError(f"{bad.config} at TP {bad.tp} seed {bad.seed} has no final validation loss (NaN)")
     names = [c for c in (order or []) if c in set(conv.config)] + sorted(set(conv.config) - set(order or []))
     rows = []
     for tp in sorted(set(conv.tp)):
@@ -160,7 +163,9 @@ def headline(table: pd.DataFrame, config: str = "fp4quant") -> str:
         return f"{config}: no comparison with {BASELINE}"
     r = rows.sort_values("tp").iloc[-1]
     n = int(r.n_pairs)
-    interval = f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] (95%, {n} seeds)" if n > 1 else "(one seed: no interval)"
+    # the 90% interval beside the 95% one: the verdict "within" is the 90% interval's (TOST)
+    interval = (f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}] (95%; 90%: [{r.ci90_low:+.3f}, {r.ci90_high:+.3f}]; {n} seeds)"
+                if n > 1 else "(one seed: no interval)")
     return (f"{config} at TP = {int(r.tp)}: {r.diff_mean:+.3f} nats against {BASELINE} {interval}: {r.verdict} "
             f"(margin +-{r.margin:g} nats)")
 

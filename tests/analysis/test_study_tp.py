@@ -59,8 +59,8 @@ def test_tost_against_scipy():
 
 
 @pytest.mark.parametrize("d, word", [([0.01, 0.012, 0.008, 0.011, 0.009], "within the margin"),
-                                     ([0.2, 0.21, 0.19, 0.2, 0.205], "outside it (worse)"),
-                                     ([-0.2, -0.21, -0.19, -0.2, -0.205], "outside it (better)"),
+                                     ([0.2, 0.21, 0.19, 0.2, 0.205], "outside the margin (worse)"),
+                                     ([-0.2, -0.21, -0.19, -0.2, -0.205], "outside the margin (better)"),
                                      ([0.0, 0.1, -0.05, 0.08, 0.02], "not resolved, by"),
                                      ([0.01], "not resolved: fewer than two")])
 def test_verdicts(d, word):
@@ -74,7 +74,7 @@ def test_the_summary_compares_with_bf16_at_each_tp(runs):
     conv = study.runs(runs, "study_tp")
     table = study_tp.summary(conv, 0.05, ["bf16", "fp4quant"])
     fp = table[table.config == "fp4quant"].set_index("tp")
-    assert fp.loc[2, "verdict"] == "within the margin" and fp.loc[16, "verdict"] == "outside it (worse)"
+    assert fp.loc[2, "verdict"] == "within the margin" and fp.loc[16, "verdict"] == "outside the margin (worse)"
     assert fp.loc[16, "n_pairs"] == 5 and fp.loc[16, "diff_mean"] == pytest.approx(0.2, abs=0.005)
     assert set(table.ranks) == {"simulated", "one process"}
     assert study_tp.headline(table).startswith("fp4quant at TP = 16: +0.20")
