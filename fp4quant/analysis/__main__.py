@@ -152,6 +152,8 @@ def cmd_figure(a) -> None:
         figures.kernels(read("kernels"), a.out, a.profile)
     elif a.name == "allreduce":
         emulated = r / "collectives_emulated.csv"
+        if emulated.exists():  # drawn beside the loopback one: it must come from the same run
+            check_same_origin([r / "collectives.csv", emulated])
         emu = pd.read_csv(emulated) if emulated.exists() else None
         network = str(emu.network.iloc[0]) if emu is not None and len(emu) else ""
         figures.allreduce(read("collectives"), a.out, a.profile, emu, network)
@@ -306,6 +308,13 @@ def main(argv=None) -> int:
              "paper": cmd_paper}[a.command](a)
     except (MixedOrigin, Incomparable, FileNotFoundError, FileExistsError, ValueError, study.StudyError) as exc:
         print(f"fp4quant.analysis: error: {exc}", file=sys.stderr)
+        return 2
+    except (KeyError, AttributeError, IndexError) as exc:
+        if a.command not in ("figure", "table"):
+            raise
+        # a results CSV without a column (or a row) the figure or table reads
+        print(f"fp4quant.analysis: error: {a.command} {a.name}: the results in {a.results} lack what it reads "
+              f"({type(exc).__name__}: {exc}): empty, or written by another version of the workflow?", file=sys.stderr)
         return 2
     return 0
 

@@ -131,12 +131,26 @@ def model_validation(root: Path) -> str:
             f"(errors {means.min():+.0%} to {means.max():+.0%}; {df.repeat.nunique()} repeats)")
 
 
+def against_zero(row) -> str:
+    """What a paired difference's 95% interval says (this study declared no margin)."""
+    if row.ci_low > 0:
+        return "worse than bf16 (the interval lies above 0)"
+    if row.ci_high < 0:
+        return "better than bf16 (the interval lies below 0)"
+    return "not resolved (the interval spans 0)"
+
+
+def _seeds(rows) -> str:
+    n = sorted({int(r.n_pairs) for r in rows})
+    return f"{n[0]} seeds" if len(n) == 1 else f"{n[0]}-{n[-1]} seeds"
+
+
 def convergence(root: Path) -> str:
     df = _csv(root, f"{STUDY}/results/convergence_summary.csv").set_index("config")
     row = df.loc["fp4quant"]
     return (f"fp4quant - bf16 final validation loss {row.diff_mean:+.3f} nats, 95% CI "
-            f"[{row.ci_low:+.3f}, {row.ci_high:+.3f}] ({row.n:.0f} seeds, {row.tokens / 1e3:.0f}k tokens, "
-            "TP = 2): not resolved")
+            f"[{row.ci_low:+.3f}, {row.ci_high:+.3f}] ({_seeds([row])}, {row.tokens / 1e3:.0f}k tokens, "
+            f"TP = 2): {against_zero(row)}")
 
 
 def ablations(root: Path) -> str:
@@ -146,15 +160,19 @@ def ablations(root: Path) -> str:
         r = df.loc[name]
         return f"{r.diff_mean:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
 
-    return (f"final validation loss over bf16, nats [95% CI]: single scale {gap('single_scale')} (does not train), "
-            f"no FWHT {gap('no_fwht')}, fp4quant {gap('fp4quant')} (3 seeds)")
+    single, base = df.loc["single_scale"], df.loc["bf16"]
+    return (f"final validation loss over bf16, nats [95% CI]: single scale {gap('single_scale')} (ends at "
+            f"{single.val_loss_mean:.2f} against bf16's {base.val_loss_mean:.2f}), no FWHT {gap('no_fwht')}, "
+            f"fp4quant {gap('fp4quant')} ({_seeds([df.loc[c] for c in ('single_scale', 'no_fwht', 'fp4quant')])})")
 
 
 def quartet(root: Path) -> str:
     df = _csv(root, f"{COMPUTE}/results/training.csv").groupby("series").val_loss
-    mean, sd = df.mean(), df.std()
-    return "; ".join(f"{s} {mean[s]:.3f} +- {sd[s]:.3f}" for s in ("bf16", "fp4quant", "fp4quant+quartet")) + \
-        " validation loss (3 seeds)"
+    mean, sd, n = df.mean(), df.std(), df.count()
+    series = ("bf16", "fp4quant", "fp4quant+quartet")
+    runs = sorted({int(n[s]) for s in series})
+    return "; ".join(f"{s} {mean[s]:.3f} +- {sd[s]:.3f}" for s in series) + \
+        f" validation loss ({'-'.join(map(str, runs))} seeds)"
 
 
 def not_run(root: Path) -> str:

@@ -37,6 +37,9 @@ PAPER_TEX = Path(__file__).resolve().parents[2] / "paper" / "main.tex"
 PAPER_SPEEDUP = 1.56  # the paper's reported end-to-end speedup (Qwen-7B, H100 nodes): a quoted claim
 ABLATIONS = {"no_fwht": "without the FWHT rotation", "single_scale": "one E4M3 scale, no FP32 group scale",
              "naive_pack": "packing without warp cooperation (same bytes)"}
+# the results (under --results) the paper reads, all of one run
+RESULTS_READ = ("error", "kernels", "throughput", "training", "collectives", "collectives_emulated", "breakdown",
+                "projection", "projection_sensitivity", "model_validation", "regime", "ablation")
 CLUSTERS = {"PCIe": "PCIe", "DGX": "DGX", "2 x 200G": "TwoNIC", "1 x 200G": "OneNIC"}  # macro names, first match
 ALGORITHMS = {"flat_fp4": "flat FP4", "hierarchical_bf16": "hier. BF16", "hierarchical_fp4": "hier. FP4"}
 
@@ -230,6 +233,7 @@ class Paper:
             study_hw = origin(conv, "the convergence study")
             conv = conv[conv.tp == 2] if "tp" in conv else conv
         f = q.loc["fp4quant"]
+        aa = False  # a row whose kernel change is an A/A control
         rows = [["fp4quant (all three)", *[number(err["fp4quant", kd], ".2f") for kd in kinds],
                  _range(f.gbps, f.gbps_min, f.gbps_max, ".2f"), "--", ""]]
         for name, what in ABLATIONS.items():
@@ -247,6 +251,14 @@ class Paper:
             self.number(f"{key}Loss", "--")
             if name == "naive_pack":
                 train, seeds = "none: fp4quant's bytes", "--"
+                # on a CPU both presets run one kernel: the change is the benchmark's noise, said so
+                same = str(a.get("device", "cpu")) != "cuda"
+                if same:
+                    speed, aa = speed + " A/A", True
+                self.number("fqAblNaivePackNote", "on this CPU both presets run the same kernel (the CPU kernels "
+                            "never read the packing), so this change is the benchmark's noise, an A/A control; "
+                            "the CUDA kernels, which differ, are not measured here" if same else
+                            "the CUDA kernels store the codes with and without warp cooperation")
             elif conv is not None and name in set(conv.config) and (d := paired(conv, name, "fp4quant"))["n"]:
                 train, seeds = _range(d["mean"], d["low"], d["high"], "+.3f"), str(d["n"])
                 self.number(f"{key}Loss", number(d["mean"], "+.3f"))
@@ -257,7 +269,8 @@ class Paper:
                    f"quantize-dequantize on synthetic tensors with outlier channels and of small-magnitude gradients; "
                    f"the native quantize kernel's GB/s on {number(size / 2**20, 'g')} MiB at {int(q.threads.max())} "
                    "threads, median [min, max] over the timed calls, its change with the range from the slowest against "
-                   f"the fastest ({_tex(hw)}). "
+                   f"the fastest ({_tex(hw)})"
+                   + ("; A/A: both presets ran one kernel, so the change is the benchmark's noise. " if aa else ". ")
                    + (f"Training effect: final validation loss minus fp4quant's in the TP = 2 convergence study, paired "
                       f"by seed, mean [95\\% t interval] over the seeds ({_tex(study_hw)})." if conv is not None else
                       "Training effect: no convergence study given."))
@@ -379,7 +392,25 @@ class Paper:
         return made
 
     # ---- the whole ---------------------------------------------------------------------
+    def check_one_run(self) -> None:
+        """The --results folder is one run's: each result the paper reads from it of one commit and
+        torch (a file copied in from another run would be quoted as this one's), checked before
+        anything is written."""
+        seen: dict[str, dict[str, str]] = {"commit": {}, "torch": {}}
+        for name in RESULTS_READ:
+            if not any((self.src.results / f"{name}.csv{x}").exists() for x in ("", ".xz")):
+                continue
+            df = self.read(self.src.results, name)
+            for key, values in seen.items():
+                for v in df[key].astype(str).unique() if key in df else ():
+                    values.setdefault(v, name)
+        for key, values in seen.items():
+            if len(values) > 1:
+                raise PaperError(f"{self.src.results} mixes {key}s: " + ", ".join(
+                    f"{v[:12]} ({name}.csv)" for v, name in sorted(values.items())) + ": give one run's results")
+
     def build(self, pdf: bool = True) -> Path | None:
+        self.check_one_run()
         tables = self.out / "tables"
         tables.mkdir(parents=True, exist_ok=True)
         made = self.figures()

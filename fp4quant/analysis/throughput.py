@@ -57,6 +57,10 @@ def throughput(run_dirs: list[str | Path], profile: str, warmup: int) -> pd.Data
     df["warmup_steps"] = warmup
     labels = [network(Path(r)) for r in df.run]
     df["network"] = [lab or net for lab, net in zip(labels, df.network)]
+    if df.network.nunique() > 1:  # a loopback fallback is not dilated: its tokens/s are on another scale
+        first = df.groupby("network").run.first()
+        raise ValueError("throughput runs on different networks: " + " vs ".join(
+            f"{net} ({run})" for net, run in first.items()) + "; rerun them on one")
     bf16 = df[df.series == "bf16"].tokens_per_s
     df["speedup_vs_bf16"] = df.tokens_per_s / bf16.mean() if len(bf16) else float("nan")
     return df

@@ -54,3 +54,19 @@ def test_the_readme_is_a_front_door():
     assert len(text.splitlines()) <= 250
     hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", prose(text)) if re.search(r"\d", w) and re.search("[a-f]", w)]
     assert not hashes, f"commit hashes in the README's prose: {hashes}"
+
+
+def test_verdicts_and_seed_counts_are_read_from_the_evidence(tmp_path):
+    """Nothing typed: an interval above 0 with two seeds reads so."""
+    import pandas as pd
+
+    src = REPO / claims.STUDY / "results" / "convergence_summary.csv"
+    df = pd.read_csv(src)
+    fp4 = df.config == "fp4quant"
+    df.loc[fp4, ["ci_low", "ci_high", "n_pairs"]] = [0.25, 0.35, 2]
+    (tmp_path / claims.STUDY / "results").mkdir(parents=True)
+    df.to_csv(tmp_path / claims.STUDY / "results" / "convergence_summary.csv", index=False)
+    assert claims.convergence(tmp_path).endswith("(2 seeds, 410k tokens, TP = 2): worse than bf16 (the interval lies "
+                                                 "above 0)")
+    assert claims.ablations(tmp_path).endswith("(2-3 seeds)")
+    assert "not resolved (the interval spans 0)" in claims.convergence(REPO)

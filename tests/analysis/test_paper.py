@@ -106,8 +106,10 @@ def test_the_ablation_table_is_the_kernels_the_codec_and_the_study(built):
         assert row[1] == f"{number(e[name, 'outlier_channels'], '.2f')} " \
                          f"({number(e[name, 'outlier_channels'] - e['fp4quant', 'outlier_channels'], '+.2f')})"
         assert row[3].startswith(f"{number(q.loc[name].gbps, '.2f')} ({number(100 * (q.loc[name].gbps / q.loc['fp4quant'].gbps - 1), '+.0f')}")
-        if name == "naive_pack":
-            assert row[4].startswith("none") and row[5] == "--"
+        if name == "naive_pack":  # on a CPU one kernel runs both: the change is an A/A control, said so
+            assert row[4].startswith("none") and row[5] == "--" and row[3].endswith(" A/A")
+            assert "A/A control" in macros(built)["fqAblNaivePackNote"]
+            assert "A/A: both presets ran one kernel" in (built / "tables/ablation.tex").read_text()
             continue
         a = conv[conv.config == name].set_index("seed").final_val_loss
         b = conv[conv.config == "fp4quant"].set_index("seed").final_val_loss
@@ -205,3 +207,17 @@ def test_a_run_without_an_ablation_s_kernels_is_refused_in_one_line(tmp_path):
     k[k.preset != "naive_pack"].to_csv(bad / "kernels.csv.xz", index=False)
     with pytest.raises(paper.PaperError, match="missing: naive_pack$"):
         paper.Paper(paper.Sources(bad), tmp_path / "out").ablation_table()
+
+
+def test_a_result_copied_in_from_another_run_is_refused_before_anything_is_written(tmp_path):
+    """A throughput.csv of another run in the --results folder would be quoted as the canonical run's."""
+    import shutil
+
+    run = tmp_path / "results"
+    shutil.copytree(RUN, run)
+    other = pd.read_csv(run / "throughput.csv").assign(commit="e" * 40)
+    other.to_csv(run / "throughput.csv", index=False)
+    out = tmp_path / "build"
+    with pytest.raises(paper.PaperError, match=r"mixes commits: .*\(throughput\.csv\)"):
+        paper.Paper(paper.Sources(run, STUDY, None, CLUSTERS, TOPOLOGY), out).build(pdf=False)
+    assert not out.exists() or not any(out.rglob("*.pdf"))

@@ -59,6 +59,8 @@ def test_the_network_label_says_what_was_dilated(tmp_path):
     assert labels[0] == "emulated (2 nodes, every component dilated x6650)" and labels[1:] == [None, None]
     df = throughput.throughput([tmp_path / "loop"], "cpu", warmup=0)
     assert df.network.iloc[0] == "loopback (emulated cluster unavailable: no root)"
+    with pytest.raises(ValueError, match=r"throughput runs on different networks: .*full.* vs loopback .*loop"):
+        throughput.throughput([tmp_path / "full", tmp_path / "loop"], "cpu", warmup=0)  # not averaged together
 
 
 def regime_frame() -> pd.DataFrame:
