@@ -30,6 +30,15 @@ def _order(values) -> list[str]:
     return [v for v in ORDER if v in present] + [v for v in present if v not in ORDER]
 
 
+def speedup_sd(tokens_per_s: pd.Series, bf16: pd.Series) -> float:
+    """The SD of the speedup mean(tokens_per_s) / mean(bf16) over unpaired repeats: both runs'
+    relative spreads carried (first order); NaN unless both have two runs or more."""
+    if len(tokens_per_s.dropna()) < 2 or len(bf16.dropna()) < 2:
+        return float("nan")
+    a, b = tokens_per_s.mean(), bf16.mean()
+    return float(a / b * ((tokens_per_s.std(ddof=1) / a) ** 2 + (bf16.std(ddof=1) / b) ** 2) ** 0.5)
+
+
 def with_series(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with its runs' series (their communication, +compute where not exact); results
     written before runs had a compute have their communication as the series."""
@@ -64,8 +73,11 @@ def throughput(training: pd.DataFrame, out, profile: str) -> None:
     for i, comm in enumerate(order):
         g = training[training.series == comm]
         top = g.tokens_per_s.mean() + (g.tokens_per_s.std() if len(g) > 1 else 0)  # above the SD bar
-        ax.annotate(f"{g.speedup_vs_bf16.mean():.2f}x, n={len(g)}", (i, top), ha="center", va="bottom", fontsize=7,
-                    xytext=(0, 3), textcoords="offset points")
+        sd = speedup_sd(g.tokens_per_s, training[training.series == "bf16"].tokens_per_s) if comm != "bf16" else \
+            float("nan")
+        spread = f" $\\pm$ {sd:.2f}" if sd == sd else ""
+        ax.annotate(f"{g.speedup_vs_bf16.mean():.2f}x{spread}, n={len(g)}", (i, top), ha="center", va="bottom",
+                    fontsize=7, xytext=(0, 3), textcoords="offset points")
     first = training.iloc[0]
     ax.set(xlabel="TP communication", ylabel="training tokens / s (mean $\\pm$ SD)",
            title=f"{first.model}, TP={first.tp} x DP={first.dp}, seq {first.seq_len} x batch {first.batch_size}, "

@@ -188,16 +188,20 @@ class Paper:
         tp = figures.with_series(self.read(self.src.results, "throughput"))
         hw = origin(tp, "throughput")
         need(tp, ["series", "tokens_per_s", "speedup_vs_bf16", "network"], "throughput")
+        bf16 = tp[tp.series == "bf16"].tokens_per_s
         for comm in figures._order(tp.series):
             g = tp[tp.series == comm]
-            rows.append([f"training: {_tex(comm)}", mean_sd(g.tokens_per_s, ".1f") + " tok/s",
-                         mean_sd(g.speedup_vs_bf16, ".2f"), str(len(g))])
+            sd = figures.speedup_sd(g.tokens_per_s, bf16) if comm != "bf16" else math.nan  # both runs' spreads
+            gain = mean_sd(g.speedup_vs_bf16, ".2f") if math.isnan(sd) else \
+                f"{number(g.speedup_vs_bf16.mean(), '.2f')} $\\pm$ {number(sd, '.2f')}"
+            rows.append([f"training: {_tex(comm)}", mean_sd(g.tokens_per_s, ".1f") + " tok/s", gain, str(len(g))])
         fq = tp[tp.series == "fp4quant"].speedup_vs_bf16
         if fq.empty:
             raise PaperError("throughput: no fp4quant runs")
         first = tp.iloc[0]
         self.number("fqEmuTrainSpeedup", number(fq.mean(), ".2f"))
-        self.number("fqEmuTrainSpeedupSD", number(fq.std(ddof=1), ".2f") if len(fq) > 1 else "--")
+        sd = figures.speedup_sd(tp[tp.series == "fp4quant"].tokens_per_s, bf16)
+        self.number("fqEmuTrainSpeedupSD", number(sd, ".2f") if sd == sd else "--")  # both runs' spreads
         self.number("fqEmuTrainRuns", str(len(fq)))
         self.number("fqTrainNetwork", _tex(first.network))
         blocks.append(tabular(["measurement", "time or rate", "speedup", "n"], rows))

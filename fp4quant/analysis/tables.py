@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..perfmodel import model_validation as perfmodel_validation  # model_validation: the table below
 from ..provenance import atomic_write_text
-from .figures import _order, with_series
+from .figures import _order, speedup_sd, with_series
 from .origin import origin_of_frame, stamp_tex
 
 TABLES = ("formats", "ablation", "end_to_end", "model_validation")
@@ -142,9 +142,13 @@ def end_to_end(training: pd.DataFrame, out, profile: str, throughput: pd.DataFra
     training = with_series(training)
     speed = training if throughput is None else with_series(throughput)
     fast_rows, train_rows = [], []
+    bf16 = speed[speed.series == "bf16"].tokens_per_s
     for comm in _order(speed.series):
         t = speed[speed.series == comm]
-        fast_rows.append([_tex(comm), str(len(t)), mean_sd(t.tokens_per_s, ".1f"), mean_sd(t.speedup_vs_bf16, ".3f")])
+        sd = float("nan") if comm == "bf16" or throughput is None else speedup_sd(t.tokens_per_s, bf16)
+        gain = mean_sd(t.speedup_vs_bf16, ".3f") if sd != sd else \
+            f"{number(t.speedup_vs_bf16.mean(), '.3f')} $\\pm$ {number(sd, '.3f')}"
+        fast_rows.append([_tex(comm), str(len(t)), mean_sd(t.tokens_per_s, ".1f"), gain])
     for comm in _order(training.series):
         g = training[training.series == comm]
         per_step = (g.fwd_bytes_sent + g.bwd_bytes_sent) / g.steps
@@ -157,7 +161,7 @@ def end_to_end(training: pd.DataFrame, out, profile: str, throughput: pd.DataFra
         fast = speed.iloc[0]
         speed_note = (f"throughput runs of {fast.steps} steps (the first {fast.warmup_steps} left out), sequence "
                       f"{fast.seq_len} x batch {fast.batch_size}, on {_tex(fast.network)}; speedup over the mean "
-                      "BF16 tokens/s of those runs")
+                      "BF16 tokens/s of those runs, $\\pm$ its SD with both runs' spreads carried (unpaired repeats)")
     caption = (f"End-to-end training of {_tex(first.model)} (TP={first.tp}, DP={first.dp}, {first.steps} steps): "
                f"(a) {speed_note}; (b) the training runs: final loss, the mean training loss of the last 10 "
                "steps; val loss, the mean over the held-out batches after the last step; MiB of TP traffic sent "

@@ -60,3 +60,11 @@ def test_end_to_end_reports_mean_and_sd_over_seeds(tmp_path):
     assert training == [["fp4quant", "3", "2.5200 $\\pm$ 0.0200", "2.6200 $\\pm$ 0.0200", "0.000"]], training
     assert "last 10 steps" in tex and "sample SD" in tex and "(a) TP comm" in tex and "(b) TP comm" in tex
     assert tables.mean_sd(pd.Series([1.5]), ".2f") == "1.50"
+    # throughput runs (unpaired repeats): the speedup's SD carries BF16's spread too
+    fast = r.assign(speedup_vs_bf16=r.tokens_per_s / r[r.comm == "bf16"].tokens_per_s.mean(), warmup_steps=1,
+                    seq_len=512, batch_size=8, network="emulated")
+    tables.end_to_end(r, out, "cpu", fast)
+    cell = [line for line in out.read_text().split("\\begin{tabular}")[1].splitlines() if line.startswith("fp4quant")]
+    a, b = fast[fast.comm == "fp4quant"].tokens_per_s, fast[fast.comm == "bf16"].tokens_per_s
+    sd = a.mean() / b.mean() * ((a.std() / a.mean()) ** 2 + (b.std() / b.mean()) ** 2) ** 0.5
+    assert cell[0].rstrip("\\ ").split("&")[3].strip() == f"{a.mean() / b.mean():.3f} $\\pm$ {sd:.3f}", cell
