@@ -171,8 +171,13 @@ def ablation(name: str, error: pd.DataFrame, kernels: pd.DataFrame, runs: pd.Dat
             b = runs[(runs.series == name) & runs.seed.isin(seeds)][measure]
             if len(a) and len(b):
                 trained = True
+                # the seeds compared, and the SD of fp4quant's measure over all its seeds: the noise a
+                # change of few seeds is read against (relative, as the change)
+                every = runs[runs.series == "fp4quant"][measure]
                 rows.append({"ablation": name, "measure": measure, "fp4quant": float(a.mean()),
-                             "ablated": float(b.mean())})
+                             "ablated": float(b.mean()), "seeds": len(seeds),
+                             "fp4quant_seed_sd": float(every.std(ddof=1) / every.mean()) if len(every) > 1 else
+                             float("nan")})
     if not trained and identical_bytes(name):
         rows.append({"ablation": name, "measure": "training", "fp4quant": float("nan"), "ablated": float("nan"),
                      "change_unit": IDENTICAL_BYTES})
@@ -184,7 +189,8 @@ def ablation(name: str, error: pd.DataFrame, kernels: pd.DataFrame, runs: pd.Dat
     df["change"] = (df.ablated - df.fp4quant).where(in_db, df.ablated / df.fp4quant - 1)
     unit = in_db.map({True: "dB", False: "relative"})
     df["change_unit"] = df.change_unit.fillna(unit) if "change_unit" in df else unit
-    late = [c for c in ("change_low", "change_high", "kernels_differ_in") if c in df]  # after the change
+    late = [c for c in ("change_low", "change_high", "seeds", "fp4quant_seed_sd", "kernels_differ_in")
+            if c in df]  # after the change
     df = df[[c for c in df if c not in late] + late]
     for key in PROVENANCE_COLUMNS:  # the training runs' hardware is the ablation's
         df[key] = runs[key].iloc[0] if key in runs and len(runs) else kernels[key].iloc[0]

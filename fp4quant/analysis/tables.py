@@ -94,7 +94,9 @@ def ablation(ablations: pd.DataFrame, out, profile: str) -> None:
         if "kernels_differ_in" in ablations else pd.Series(dtype=str)
     _write(out, ablations, profile, ["ablation", "measure", "fp4quant", "ablated", "change"], rows,
            "Ablations: one mechanism removed at a time; SQNR changes in dB, the others relative (training "
-           "measures: means over the seeds the ablation ran, fp4quant's over the same seeds"
+           "measures: means over the seeds the ablation ran, fp4quant's over the same seeds; in brackets their "
+           "number and the SD of fp4quant's measure over all its seeds, the noise a change of few seeds is read "
+           "against; tokens/s: of the training runs, not the throughput runs"
            + ("; kernel speed: the median run, in brackets the ablated's slowest run against fp4quant's fastest "
               "and its fastest against fp4quant's slowest" if ranged else "")
            + "). "
@@ -116,6 +118,11 @@ def change(r) -> str:
     where the row has one), "none (identical bytes)" for a training that would repeat fp4quant's."""
     if r.change_unit == "identical bytes":
         return "none (identical bytes)"
+    seeds = getattr(r, "seeds", float("nan"))
+    if pd.notna(seeds):  # a training measure: its seeds, and fp4quant's own spread over its seeds
+        sd = getattr(r, "fp4quant_seed_sd", float("nan"))
+        noise = f"; fp4quant's seeds: SD {_tex(number(100 * sd, '.1f') + '%')}" if pd.notna(sd) else ""
+        return _tex(number(100 * r.change, "+.1f") + "%") + f" ({int(seeds)} seed{'s' if seeds != 1 else ''}{noise})"
     if r.change_unit == "dB":
         return number(r.change, "+.2f") + " dB"
     text = _tex(number(100 * r.change, "+.1f") + "%")

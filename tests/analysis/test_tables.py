@@ -27,7 +27,9 @@ def test_ablation_sqnr_changes_in_db_the_rest_relative_and_paired_by_seed():
     assert df.loc["final_loss", "fp4quant"] == 2.0 and df.loc["final_loss", "change"] == pytest.approx(0.1)
     assert df.loc["tokens_per_s", "change_unit"] == "relative"
     rows = {r.measure: r for r in df.reset_index().itertuples()}
-    assert tables.change(rows["sqnr_db/gaussian"]) == "+7.50 dB" and tables.change(rows["final_loss"]) == r"+10.0\%"
+    assert tables.change(rows["sqnr_db/gaussian"]) == "+7.50 dB"
+    # one seed compared: said so, beside fp4quant's own spread over its seeds (2.0, 3.0: SD 28.3% of the mean)
+    assert tables.change(rows["final_loss"]) == r"+10.0\% (1 seed; fp4quant's seeds: SD 28.3\%)"
 
 
 def test_ablation_kernel_speed_compares_native_kernels_not_the_reference():
