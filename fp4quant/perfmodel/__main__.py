@@ -22,6 +22,7 @@ from ..models.model_config import ModelConfig
 from ..provenance import atomic_write_csv, atomic_write_json, provenance
 from . import machines
 from .model import Workload, step
+from .regime import read_run
 
 PAPER_SPEEDUP = 1.56  # Qwen-7B, H100 nodes, FP4Quant over BF16 (the paper's headline)
 PROJECTIONS = [("H100, Qwen-7B, TP=8 in one node", 8), ("H100, Qwen-7B, TP=16 across two nodes", 16)]
@@ -55,15 +56,17 @@ def rows_for(scenario: str, w: Workload, m, presets, measured: dict[str, list[fl
     return rows
 
 
-def measured_runs(run_dirs: list[str]) -> tuple[Workload, dict[str, list[float]]]:
+def measured_runs(run_dirs: list[str], warmup: int | None = None) -> tuple[Workload, dict[str, list[float]]]:
     """The one workload the emulated cluster's runs trained, and the tokens/s of each preset's runs
-    (its seeds: repeats); a ValueError naming two runs that differ in shape (a speedup of two
-    workloads would be no measurement)."""
+    (its seeds: repeats; over the steps after the first ``warmup``, as the throughput table counts
+    them, or the trainer's own figure without it); a ValueError naming two runs that differ in
+    shape (a speedup of two workloads would be no measurement)."""
     measured, workloads = {}, []
     for d in map(Path, run_dirs):
         s = json.loads((d / "summary.json").read_text())
         cfg = s["provenance"]["config"]
-        measured.setdefault(cfg["comm"], []).append(float(s["tokens_per_s"]))
+        rate = s["tokens_per_s"] if warmup is None else read_run(d, warmup)["tokens_per_s"]
+        measured.setdefault(cfg["comm"], []).append(float(rate))
         workloads.append((Workload(ModelConfig(**s["model"]), s["mesh"]["tp"], cfg["seq_len"], cfg["batch_size"],
                                    s["mesh"]["dp"]), d))
     (first, a), *rest = workloads
@@ -80,13 +83,15 @@ def main(argv=None) -> int:
     ap.add_argument("--collectives", required=True, help="collective benchmark CSV measured on the emulated cluster")
     ap.add_argument("--runs", nargs="+", required=True, help="training runs on the emulated cluster")
     ap.add_argument("--gpu-kernels", default=None, help="CUDA kernel benchmark CSV (else assumed codec rates)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="leave the runs' first N steps out of their measured tokens/s (default: the trainer's figure)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     try:  # everything read and checked before anything is written
         cal = json.loads(Path(a.calibration).read_text())
         target = TargetCluster(**cal["target"])
         emu, fit = machines.emulated(cal, a.collectives)
-        workload, measured = measured_runs(a.runs)
+        workload, measured = measured_runs(a.runs, a.warmup)
         presets = ["bf16"] + [p for p in measured if p != "bf16"]
         rows = rows_for("emulated cluster (validation)", workload, emu, presets, measured)
         for name, tp in PROJECTIONS:

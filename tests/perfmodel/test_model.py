@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -151,6 +152,24 @@ def test_cli_reads_a_presets_seeds_as_repeats_median_and_range(tmp_path):
     assert list(emu.loc["fp4quant", ["measured_tokens_per_s", "measured_tokens_per_s_min",
                                      "measured_tokens_per_s_max", "measured_runs"]]) == [1600.0, 1500.0, 1700.0, 3]
     assert emu.loc["fp4quant", "measured_speedup"] == pytest.approx(1600 / 800)
+
+
+def test_cli_leaves_the_warmup_out_of_the_measured_tokens_per_s(tmp_path):
+    """--warmup: the runs' tokens/s over the steps after the warm-up, as the throughput table counts
+    them (the trainer's own figure keeps a slow first step in)."""
+    args = cli_inputs(tmp_path)
+    for i, run in enumerate(args[args.index("--runs") + 1:]):
+        summary = json.loads((Path(run) / "summary.json").read_text())
+        summary.update(steps=4)
+        summary["provenance"]["config"].update(seq_len=128, batch_size=2)
+        (Path(run) / "summary.json").write_text(json.dumps(summary))
+        (Path(run) / "log.jsonl").write_text("".join(json.dumps({"step": k, "step_time_s": 60.0 if k == 0 else 1.0 + i})
+                                                     + "\n" for k in range(4)))
+    out = tmp_path / "proj.csv"
+    assert perfmodel_main([*args, "--warmup", "1", "--out", str(out)]) == 0
+    emu = pd.read_csv(out).query("scenario.str.startswith('emulated')", engine="python").set_index("comm")
+    assert emu.loc["bf16", "measured_tokens_per_s"] == pytest.approx(256 / 1.0)  # 128 x 2 tokens a step
+    assert emu.loc["fp4quant", "measured_tokens_per_s"] == pytest.approx(256 / 2.0)
 
 
 def test_cli_names_a_missing_run_in_one_line(tmp_path, capsys):

@@ -121,4 +121,4 @@ rule projection:
         gpu=q("--gpu-kernels", CLUSTER["gpu_kernels"]) if CLUSTER.get("gpu_kernels") else "",
     shell:
         "{PY:q} -m fp4quant.perfmodel --calibration {input.cal:q} --collectives {input.collectives:q}"
-        " --runs {params.runs:q} {params.gpu} --out {output:q} 2> {log:q}"
+        " --runs {params.runs:q} --warmup {THROUGHPUT_WARMUP:q} {params.gpu} --out {output:q} 2> {log:q}"
