@@ -7,6 +7,8 @@ with the CSVs.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from ..perfmodel import model_validation as perfmodel_validation  # model_validation: the table below
@@ -79,7 +81,19 @@ def formats(error: pd.DataFrame, out, profile: str) -> None:
         bits = float(g.bits_per_value.iloc[0])
         rows.append([_tex(config), number(bits, ".3f"), number(16 / bits, ".2f")] + [number(g.loc[k, "sqnr_db"], ".2f") for k in kinds])
     _write(out, error, profile, ["format", "bits/value", "vs BF16"] + kinds, rows,
-           "Wire size and quantization SQNR (dB) per format and tensor kind. " + _where(error, profile), "tab:formats")
+           "Wire size and quantization SQNR (dB) per format and tensor kind. " + sqnr_spread(d) + _where(error, profile),
+           "tab:formats")
+
+
+def sqnr_spread(error: pd.DataFrame) -> str:
+    """The caption's statement of the SQNRs' spread over the benchmark's seeds: the largest SD of
+    any cell, in dB (first order from the NMSE's SD), or that one seed gives none."""
+    seeds = int(error.seeds.max()) if "seeds" in error else 0
+    if seeds < 2 or "nmse_std" not in error:
+        return "One tensor a kind: no spread. " if seeds == 1 else ""
+    sd_db = 10 / math.log(10) * error.nmse_std / error.nmse
+    return (f"Mean over {seeds} seeds' tensors; the largest SD of any cell: "
+            f"{number(float(sd_db.max()), '.2f')} dB. ")
 
 
 def ablation(ablations: pd.DataFrame, out, profile: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -70,3 +72,16 @@ def test_end_to_end_reports_mean_and_sd_over_seeds(tmp_path):
     a, b = fast[fast.comm == "fp4quant"].tokens_per_s, fast[fast.comm == "bf16"].tokens_per_s
     sd = a.mean() / b.mean() * ((a.std() / a.mean()) ** 2 + (b.std() / b.mean()) ** 2) ** 0.5
     assert cell[0].rstrip("\\ ").split("&")[3].strip() == f"{a.mean() / b.mean():.3f} $\\pm$ {sd:.3f}", cell
+
+
+def test_the_formats_caption_states_the_sqnrs_spread_over_seeds(tmp_path):
+    rows = [{**ORIGIN, "study": "presets", "config": c, "kind": k, "bits_per_value": b, "sqnr_db": -10 * math.log10(m),
+             "nmse": m, "nmse_std": sd, "seeds": 3}
+            for c, b, m, sd in (("bf16", 16.0, 1e-5, 1e-7), ("fp4quant", 4.5, 1e-2, 1e-3)) for k in ("gaussian",)]
+    out = tmp_path / "formats.tex"
+    tables.formats(pd.DataFrame(rows), out, "cpu")
+    sd = 10 / math.log(10) * 1e-3 / 1e-2  # fp4quant's: the larger
+    assert f"Mean over 3 seeds' tensors; the largest SD of any cell: {sd:.2f} dB." in out.read_text()
+    one = pd.DataFrame(rows).assign(seeds=1, nmse_std=float("nan"))
+    tables.formats(one, out, "cpu")
+    assert "One tensor a kind: no spread." in out.read_text() and " nan" not in out.read_text().lower()
