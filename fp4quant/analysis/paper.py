@@ -414,7 +414,32 @@ class Paper:
                     f"{v[:12]} ({name}.csv)" for v, name in sorted(values.items())) + ": give one run's results")
 
     def build(self, pdf: bool = True) -> Path | None:
+        """Figures, tables, numbers and (``pdf``, where latexmk is) main.pdf, built in a sibling
+        folder and swapped in whole: a build that fails leaves the last good one as it was, and its
+        own files in <out>.failed (the LaTeX log among them)."""
         self.check_one_run()
+        final = self.out
+        stage, failed, old = (final.with_name(final.name + x) for x in (".building", ".failed", ".old"))
+        for d in (stage, failed, old):
+            shutil.rmtree(d, ignore_errors=True)
+        self.out = stage
+        try:
+            made = self._build(pdf)
+        except BaseException as exc:
+            if stage.exists():
+                stage.rename(failed)
+            if isinstance(exc, PaperError):
+                raise PaperError(str(exc).replace(str(stage), str(failed))) from None
+            raise
+        finally:
+            self.out = final
+        if final.exists():
+            final.rename(old)
+        stage.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        return final / made.name if made else None
+
+    def _build(self, pdf: bool) -> Path | None:
         tables = self.out / "tables"
         tables.mkdir(parents=True, exist_ok=True)
         made = self.figures()

@@ -226,3 +226,18 @@ def test_a_result_copied_in_from_another_run_is_refused_before_anything_is_writt
     with pytest.raises(paper.PaperError, match=r"mixes commits: .*\(throughput\.csv\)"):
         paper.Paper(paper.Sources(run, STUDY, None, CLUSTERS, TOPOLOGY), out).build(pdf=False)
     assert not out.exists() or not any(out.rglob("*.pdf"))
+
+
+def test_a_failed_build_leaves_the_last_good_one_as_it_was(tmp_path, capsys):
+    """Staged and swapped in whole: a second build that fails (here, results of an older version)
+    changes nothing of the first, and its own partial files are kept apart for inspection."""
+    out = tmp_path / "build"
+    paper.Paper(paper.Sources(RUN, STUDY, None, CLUSTERS, TOPOLOGY), out).build(pdf=False)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    run = tmp_path / "results"
+    shutil.copytree(RUN, run)
+    pd.read_csv(run / "throughput.csv").drop(columns=["network"]).to_csv(run / "throughput.csv", index=False)
+    with pytest.raises(paper.PaperError):
+        paper.Paper(paper.Sources(run, STUDY, None, CLUSTERS, TOPOLOGY), out).build(pdf=False)
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before and (tmp_path / "build.failed").is_dir() and not (tmp_path / "build.building").exists()
