@@ -397,7 +397,8 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m fp4quant.perfmodel.topology", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="the projection table (cluster x TP x algorithm)")
+    ap.add_argument("--out", default=None,
+                    help="the projection table (cluster x TP x algorithm); without it, only --emulated's check")
     def positive(text: str) -> int:
         if not text.isdigit() or int(text) < 1:
             raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
@@ -422,6 +423,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.emulated and not (a.calibration and a.emulated_out and a.link_collectives):
         ap.error("--emulated needs --calibration, --link-collectives and --emulated-out")
+    if not (a.out or a.emulated):
+        ap.error("nothing to write: give --out (the projection), --emulated (its check on the emulated cluster), "
+                 "or both")
     prov = provenance()
     try:  # everything read and checked before anything is written
         rows = table(tps=tuple(a.tp), model=a.model, seq_len=a.seq_len, batch_size=a.batch_size)
@@ -441,15 +445,16 @@ def main(argv=None) -> int:
     except (OSError, KeyError, ValueError) as exc:
         print(f"python -m fp4quant.perfmodel.topology: error: {exc}", file=sys.stderr)
         return 2
-    atomic_write_csv(a.out, rows)
     assumptions = Assumptions()
-    atomic_write_json(a.out + ".meta.json", provenance(
-        clusters=[c.__dict__ for c in CLUSTERS], assumptions={"nominal": {k: getattr(assumptions, k) for k in
-                                                                           assumptions.ranges},
-                                                             "ranges": assumptions.ranges},
-        nccl_model={"protocols": NCCL_PROTOCOLS, "ring_plateau": NCCL_RING_PLATEAU,
-                    "source": "NVIDIA/nccl src/graph/tuning.cc (Simple protocol)"},
-        message_bits=MESSAGE_BITS, codec_launch_s=LAUNCH_S))
+    if a.out:
+        atomic_write_csv(a.out, rows)
+        atomic_write_json(a.out + ".meta.json", provenance(
+            clusters=[c.__dict__ for c in CLUSTERS],
+            assumptions={"nominal": {k: getattr(assumptions, k) for k in assumptions.ranges},
+                         "ranges": assumptions.ranges},
+            nccl_model={"protocols": NCCL_PROTOCOLS, "ring_plateau": NCCL_RING_PLATEAU,
+                        "source": "NVIDIA/nccl src/graph/tuning.cc (Simple protocol)"},
+            message_bits=MESSAGE_BITS, codec_launch_s=LAUNCH_S))
     if checked is not None:
         atomic_write_csv(a.emulated_out, checked)
         for r in checked:

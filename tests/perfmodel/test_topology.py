@@ -88,6 +88,17 @@ def test_the_emulated_two_by_two_cluster_is_predicted_within_15_percent_at_64_mi
         assert times["hierarchical_fp4"] < times["flat_fp4"] < times["gloo_bf16"]
 
 
+def test_the_emulated_check_alone_writes_only_its_own_file(tmp_path):
+    """The workflow's topology_emulated checks the model on the emulated cluster without rewriting
+    the projection table another rule owns."""
+    cluster = REPO / "reference/figures-zen4/data/cpu/cluster"
+    out = tmp_path / "validation.csv"
+    assert t.main(["--emulated", str(REPO / "data" / "allreduce_2x2_emulated.csv"), "--calibration",
+                   str(cluster / "calibration.json"), "--link-collectives", str(cluster / "collectives.csv"),
+                   "--emulated-out", str(out)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["validation.csv"]
+
+
 def test_measured_rows_interpolate_between_sizes():
     assert t._interpolate([1e6, 4e6], [1.0, 4.0], 2e6) == pytest.approx(2.0)
     assert t._interpolate([1e6, 4e6], [1.0, 4.0], 8e6) == pytest.approx(8.0)
@@ -142,12 +153,13 @@ def test_a_measured_benchmark_of_one_tp_gives_rows_at_its_tp(tmp_path):
     (["--tp", "-8"], "'-8' is not a positive integer"),
     (["--tp", "0"], "'0' is not a positive integer"),
     (["--emulated", "x.csv"], "--emulated needs --calibration"),
+    ([], None),  # neither --out nor --emulated: nothing to write
 ])
 def test_impossible_arguments_are_one_line_before_anything_is_written(tmp_path, capsys, argv, message):
     out = tmp_path / "p.csv"
     with pytest.raises(SystemExit) as exc:
-        t.main(["--out", str(out), *argv])
-    assert exc.value.code == 2 and message in capsys.readouterr().err and not out.exists()
+        t.main(["--out", str(out), *argv] if message else [])
+    assert exc.value.code == 2 and (message or "nothing to write") in capsys.readouterr().err and not out.exists()
 
 
 def test_missing_files_and_tp_that_fills_no_nodes_are_one_line(tmp_path, capsys):

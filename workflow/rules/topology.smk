@@ -61,6 +61,6 @@ if EMULATED:  # the emulated cluster's calibration is its input
             " --record {output.record:q} -- -m fp4quant.bench.allreduce_sweep --presets fp4quant"
             " --algorithms two_shot hierarchical --sizes 4194304 16777216 67108864 --iters 5 --min-iters 5"
             " --budget-mib 2048 --dtype bfloat16 --no-chunk-sweep --chunk-bytes 0 --out {output.bench:q} > {log:q} 2>&1"
-            " && {PY:q} -m fp4quant.perfmodel.topology --out {OUT:q}/results/projection_clusters.csv"
+            " && {PY:q} -m fp4quant.perfmodel.topology"
             " --emulated {output.bench:q} --calibration {input.cal:q} --link-collectives {input.link:q}"
             " --emulated-out {output.validation:q} >> {log:q} 2>&1"
