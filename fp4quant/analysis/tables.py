@@ -147,13 +147,15 @@ def change(r) -> str:
 
 
 def mean_sd(values: pd.Series, fmt: str) -> str:
-    """mean +- sample SD over seeds (the mean alone for one seed)."""
+    """mean +- sample SD over seeds (the mean alone for one seed); where some seeds have no value,
+    how many of them the mean is over."""
     v = values.dropna()
     if len(v) == 0:
         return "--"  # not measured (an ablation's training run has no throughput runs): never "nan"
+    of = f" ({len(v)} of {len(values)})" if len(v) < len(values) else ""  # the n column counts them all
     if len(v) < 2:
-        return number(v.mean(), fmt)
-    return f"{number(v.mean(), fmt)} $\\pm$ {number(v.std(ddof=1), fmt)}"
+        return number(v.mean(), fmt) + of
+    return f"{number(v.mean(), fmt)} $\\pm$ {number(v.std(ddof=1), fmt)}" + of
 
 
 def end_to_end(training: pd.DataFrame, out, profile: str, throughput: pd.DataFrame | None = None) -> None:

@@ -64,6 +64,7 @@ def test_end_to_end_reports_mean_and_sd_over_seeds(tmp_path):
     assert training == [["fp4quant", "3", "2.5200 $\\pm$ 0.0200", "2.6200 $\\pm$ 0.0200", "0.000"]], training
     assert "last 10 steps" in tex and "sample SD" in tex and "(a) TP comm" in tex and "(b) TP comm" in tex
     assert tables.mean_sd(pd.Series([1.5]), ".2f") == "1.50"
+    assert tables.mean_sd(pd.Series([1.0, float("nan"), 3.0]), ".1f") == "2.0 $\\pm$ 1.4 (2 of 3)"  # n counts 3
     # throughput runs (unpaired repeats): the speedup's SD carries BF16's spread too
     fast = r.assign(speedup_vs_bf16=r.tokens_per_s / r[r.comm == "bf16"].tokens_per_s.mean(), warmup_steps=1,
                     seq_len=512, batch_size=8, network="emulated")
