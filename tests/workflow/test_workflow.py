@@ -148,6 +148,10 @@ def test_whole_pipeline_at_ci_scale(tmp_path):
         low, high = getattr(a, "change_low", float("nan")), getattr(a, "change_high", float("nan"))
         if pd.notna(low):  # a kernel row: the range its slowest and fastest runs allow
             change += f" [{number(100 * low, '+.1f')}\\%, {number(100 * high, '+.1f')}\\%]"
+        seeds, sd = getattr(a, "seeds", float("nan")), getattr(a, "fp4quant_seed_sd", float("nan"))
+        if pd.notna(seeds):  # a training row: its seeds, beside fp4quant's own spread over its seeds
+            noise = f"; fp4quant's seeds: SD {number(100 * sd, '.1f')}\\%" if pd.notna(sd) else ""
+            change += f" ({int(seeds)} seed{'s' if seeds != 1 else ''}{noise})"
         assert a.change_unit == ("dB" if a.measure.startswith("sqnr_db/") else "relative")
         assert row == [a.ablation, a.measure, number(a.fp4quant, ".4g"), number(a.ablated, ".4g"), change]
     assert "nan" not in (tmp_path / "paper/tables/ablation.tex").read_text().replace("provenance", "")
