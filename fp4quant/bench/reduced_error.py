@@ -47,9 +47,12 @@ def db(energy: float, err: float) -> float:
     return math.nan if not math.isfinite(err) else math.inf if err == 0 else 10 * math.log10(energy / err)
 
 
-def median(values: list[float]) -> float:
-    """The median, NaN if any value is (statistics.median would place a NaN anywhere)."""
-    return math.nan if any(math.isnan(v) for v in values) else statistics.median(values)
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """(median, min, max); all NaN if any value is (statistics.median, min and max would place a
+    NaN anywhere, or skip it)."""
+    if any(math.isnan(v) for v in values):
+        return math.nan, math.nan, math.nan
+    return statistics.median(values), min(values), max(values)
 
 
 def reduce(parts: list[torch.Tensor], preset: str, direction: str, step: int, seed: int = 0) -> torch.Tensor:
@@ -98,22 +101,14 @@ def measure(folders: list[str], presets: list[str], max_calls: int | None = None
                         continue
                     for preset in presets:
                         out = reduce(parts, preset, direction, step)
+                        energy, err = float(exact.pow(2).sum()), float((out.double() - exact).pow(2).sum())
                         rows.append({"tp": world, "step": step, "direction": direction, "call": k, "preset": preset,
-                                     "numel": exact.numel(), "sqnr_db": sqnr_db(out, exact),
+                                     "numel": exact.numel(), "sqnr_db": db(energy, err),
                                      "single_sqnr_db": sqnr_db(single(parts[0], preset, direction), parts[0].double()),
-                                     "energy": float(exact.pow(2).sum()),
-                                     "error_energy": float((out.double() - exact).pow(2).sum())})
+                                     "energy": energy, "error_energy": err})
                     print(f"TP {world} step {step} {direction} call {k}: " + ", ".join(
                         f"{r['preset']} {r['sqnr_db']:.1f} dB" for r in rows[-len(presets):]), file=sys.stderr)
     return rows
-
-
-def _nan_first(v: float) -> float:  # min and max keys: a NaN is the extreme, never skipped
-    return -math.inf if math.isnan(v) else v
-
-
-def _nan_last(v: float) -> float:
-    return math.inf if math.isnan(v) else v
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -122,13 +117,11 @@ def summarize(rows: list[dict]) -> list[dict]:
         groups.setdefault((r["tp"], r["direction"], r["preset"]), []).append(r)
     out = []
     for (tp, direction, preset), rs in sorted(groups.items()):
-        sq, one = [r["sqnr_db"] for r in rs], [r["single_sqnr_db"] for r in rs]
-        err = sum(r["error_energy"] for r in rs)
+        sq, one = spread([r["sqnr_db"] for r in rs]), spread([r["single_sqnr_db"] for r in rs])
         out.append({"tp": tp, "direction": direction, "preset": preset, "tensors": len(rs),
-                    "sqnr_db_median": median(sq), "sqnr_db_min": min(sq, key=_nan_first),
-                    "sqnr_db_max": max(sq, key=_nan_last), "sqnr_db_pooled": db(sum(r["energy"] for r in rs), err),
-                    "single_sqnr_db_median": median(one), "single_sqnr_db_min": min(one, key=_nan_first),
-                    "single_sqnr_db_max": max(one, key=_nan_last)})
+                    **dict(zip(("sqnr_db_median", "sqnr_db_min", "sqnr_db_max"), sq)),
+                    "sqnr_db_pooled": db(sum(r["energy"] for r in rs), sum(r["error_energy"] for r in rs)),
+                    **dict(zip(("single_sqnr_db_median", "single_sqnr_db_min", "single_sqnr_db_max"), one))})
     return out
 
 
