@@ -19,8 +19,12 @@ $(STAMP): $(DEPS_FILES)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# The suite on TEST_WORKERS processes (pytest-xdist; 0: in this process), one test file to a
+# worker at a time, so that a file's module fixtures are built once.  At most 4 by default:
+# many tests start 2- to 4-rank jobs of their own.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Every figure and table of the paper from the default (CPU) configuration of the workflow,
 # computed on this machine (committed reference results live under reference/, apart).

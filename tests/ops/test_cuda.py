@@ -50,13 +50,16 @@ SIZES = [1, 15, 17, 1000, 70001]
 # ---- compilation (no GPU needed) ----------------------------------------------------------
 
 
-def nvcc(source: Path, out: Path, arch: str, *flags: str) -> subprocess.CompletedProcess:
+def nvcc(source: Path, out: Path, arch: str, *flags: str, merged: bool = False) -> subprocess.CompletedProcess:
+    """nvcc on one file; ``merged``: stderr into stdout, in the order nvcc and ptxas wrote them."""
     if NVCC is None:
         pytest.skip("nvcc not found: the CUDA sources cannot be compiled here")
     archs = subprocess.run([NVCC, "--list-gpu-arch"], capture_output=True, text=True).stdout.split()
     if archs and f"compute_{arch}" not in archs:
         pytest.skip(f"this nvcc cannot target sm_{arch}")
     cmd = [NVCC, *NVCC_FLAGS, f"-arch=sm_{arch}", *flags, "-c", str(source), "-o", str(out)]
+    if merged:
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
@@ -67,13 +70,13 @@ def test_there_are_cuda_sources():
 @pytest.mark.slow
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=lambda p: p.name)
 def test_every_cu_file_compiles_for_sm90(source, tmp_path):
-    proc = nvcc(source, tmp_path / "out.o", "90", "-Xcompiler", "-Wall")
-    assert proc.returncode == 0, f"nvcc failed on {source.name}:\n{proc.stderr}"
-    own_warnings = [line for line in proc.stderr.splitlines() if "warning" in line and "csrc" in line]
+    # one compile: ptxas prints "Compiling entry function" to stderr and the stack/spill line to
+    # stdout, so the two streams are read merged
+    proc = nvcc(source, tmp_path / "out.o", "90", "-Xcompiler", "-Wall", "-Xptxas", "-v", merged=True)
+    report = proc.stdout
+    assert proc.returncode == 0, f"nvcc failed on {source.name}:\n{report}"
+    own_warnings = [line for line in report.splitlines() if "warning" in line and "csrc" in line]
     assert not own_warnings, "\n".join(own_warnings)
-    # ptxas prints "Compiling entry function" to stderr and the stack/spill line to stdout: merge them
-    cmd = [NVCC, *NVCC_FLAGS, "-arch=sm_90", "-Xptxas", "-v", "-c", str(source), "-o", str(tmp_path / "v.o")]
-    report = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
     kernels = PTXAS_KERNEL.findall(report)
     assert kernels, f"no ptxas report for {source.name}:\n{report}"
     hot = ("fast_kernel", "spec_quantize_kernel")
