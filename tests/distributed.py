@@ -1,5 +1,5 @@
-"""The one launcher of the multi-process tests: N ranks as fresh processes, as torchrun would
-start them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and a free MASTER_PORT set).
+"""The one launcher of the multi-process tests: N ranks as torchrun would start them (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and a free MASTER_PORT set), each its own process and session.
 
     results = run_ranks("parallel.rank_jobs:tp_matches_single", world=2, args={...})
     records = run_job("suite", world=4, backend="gloo")      # tests/comm/_comm_jobs.py
@@ -11,12 +11,19 @@ on each rank (it sets up its own process group, gloo or NCCL) and returns each r
 record.  On a timeout, or as soon as one rank fails, every rank is killed (by process
 group) and the test fails with each rank's output tail: a hung collective never hangs the
 suite.
+
+The ranks are forked from a rank zygote (rank_zygote.py: torch and fp4quant imported once
+a test worker), which saves each rank its imports; where the ranks' environment differs from
+the zygote's in anything but the rank variables (a test that sets FP4QUANT_BACKEND, say, which
+is read at import), or the zygote cannot fork safely, they start as fresh processes instead.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -31,6 +38,9 @@ import torch
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 COMM_JOBS = TESTS / "comm" / "_comm_jobs.py"
+# read by the ranks at run time only: a rank forked from the zygote may differ from it in these
+RANK_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FP4QUANT_TEST_BACKEND",
+                  "PYTEST_CURRENT_TEST"}
 
 CHILD = """
 import importlib, os, sys, torch, torch.distributed as dist
@@ -60,18 +70,80 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(what: str, argv: list[str], world: int, folder: Path, timeout: float, env: dict[str, str] | None) -> None:
-    """Run ``argv`` as ranks 0 .. world-1 (logs in ``folder``); return when all exit 0."""
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
-            "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            **(env or {})}
+def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What every rank (and the zygote) runs with, beside ``extra``."""
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **(extra or {})}
+
+
+class Zygote:
+    """The client of one rank_zygote.py process (see there)."""
+
+    def __init__(self) -> None:
+        self.env, self.requests = rank_environment(), 0
+        self.proc = subprocess.Popen([sys.executable, str(TESTS / "rank_zygote.py")], env=self.env, cwd=REPO,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self._reply(300) != {"ready": True}:
+            self.proc.kill()
+            raise RuntimeError("the rank zygote did not start")
+
+    def _reply(self, timeout: float) -> dict | None:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        return json.loads(line) if line else None
+
+    def suits(self, env: dict[str, str]) -> bool:
+        keys = (env.keys() | self.env.keys()) - RANK_VARIABLES
+        return self.proc.poll() is None and all(env.get(k) == self.env.get(k) for k in keys)
+
+    def run(self, argv: list[str], envs: list[dict[str, str]], logs: list[Path], timeout: float,
+            preload: str | None) -> dict | None:
+        """The ranks' exit codes and why they failed; None where the zygote refused."""
+        self.requests += 1
+        request = {"id": self.requests, "argv": argv, "envs": envs, "cwd": str(REPO), "logs": [str(p) for p in logs],
+                   "timeout": timeout, "preload": preload}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout + 120  # the zygote enforces the timeout; this is its own hang
+        answer = self._reply(timeout + 120)
+        while answer is not None and answer.get("id") != request["id"]:  # a test interrupted while waiting
+            answer = self._reply(max(deadline - time.monotonic(), 0))
+        if answer is None:
+            self.proc.kill()
+            raise RanksFailed(f"the rank zygote stopped answering (exit {self.proc.poll()})")
+        return None if "refused" in answer else answer
+
+
+@functools.cache
+def zygote() -> Zygote | None:
+    """This test process's zygote; None where it cannot start (ranks start fresh then)."""
+    try:
+        return Zygote()
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+def launch(what: str, argv: list[str], world: int, folder: Path, timeout: float, env: dict[str, str] | None,
+           preload: str | None = None) -> None:
+    """Run ``argv`` as ranks 0 .. world-1 (logs in ``folder``); return when all exit 0.  ``preload``:
+    a module the ranks import, which the zygote imports before forking them."""
+    base = rank_environment({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
+                             **(env or {})})
+    envs = [{**base, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(world)]
+    forks = zygote()
+    if argv[0] == sys.executable and forks is not None and forks.suits(base):
+        paths = [folder / f"rank{rank}.log" for rank in range(world)]
+        answer = forks.run(argv[1:], envs, paths, timeout, preload)
+        if answer is not None:
+            if answer["why"]:
+                raise RanksFailed(_report_files(what, world, paths, answer["returncodes"], answer["why"]))
+            return
     procs, logs = [], []
     try:
         for rank in range(world):
             log = open(folder / f"rank{rank}.log", "w+")
             logs.append(log)
-            procs.append(subprocess.Popen(argv, env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                          stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True))
+            procs.append(subprocess.Popen(argv, env=envs[rank], stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True))
         deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in procs):
             failed = any(p.poll() not in (None, 0) for p in procs)
@@ -96,7 +168,7 @@ def run_ranks(target: str, world: int, args: dict[str, Any] | None = None, timeo
         tmp = Path(tmp)
         torch.save(args or {}, tmp / "args.pt")
         code = CHILD.format(tests=str(TESTS), target=target, args=str(tmp / "args.pt"), out=str(tmp / "rank{rank}.pt"))
-        launch(target, [sys.executable, "-c", code], world, tmp, timeout, env)
+        launch(target, [sys.executable, "-c", code], world, tmp, timeout, env, preload=target.split(":")[0])
         return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -121,8 +193,13 @@ def _kill(procs) -> None:
 
 
 def _report(what, world, logs, procs, why) -> str:
+    for log in logs:
+        log.flush()
+    return _report_files(what, world, [Path(log.name) for log in logs], [p.returncode for p in procs], why)
+
+
+def _report_files(what, world, paths, returncodes, why) -> str:
     parts = [f"{what} on {world} ranks: {why}"]
-    for r, log in enumerate(logs):
-        log.seek(0)
-        parts.append(f"--- rank {r} (exit {procs[r].returncode}) ---\n" + log.read()[-4000:])
+    for r, path in enumerate(paths):
+        parts.append(f"--- rank {r} (exit {returncodes[r]}) ---\n" + path.read_text(errors="replace")[-4000:])
     return "\n".join(parts)
