@@ -20,11 +20,12 @@ $(STAMP): $(DEPS_FILES)
 	touch $@
 
 # The suite on TEST_WORKERS processes (pytest-xdist; 0: in this process), one test file to a
-# worker at a time, so that a file's module fixtures are built once.  At most 4 by default:
-# many tests start 2- to 4-rank jobs of their own.
+# worker at a time, so that a file's module fixtures are built once, in the order of collection
+# (tests/conftest.py starts the longest files first).  At most 4 by default: many tests start 2-
+# to 4-rank jobs of their own.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every figure and table of the paper from the default (CPU) configuration of the workflow,
 # computed on this machine (committed reference results live under reference/, apart).

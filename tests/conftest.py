@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,19 @@ case "$1" in
   "") echo "| NVIDIA-SMI {driver}    Driver Version: {driver}    CUDA Version: {cuda}     |" ;;
 esac
 """
+
+
+# The longest test files, longest first (`--durations=0` of a whole run on two workers): they start
+# first, so that on `make test`'s workers (one file to a worker at a time, in this order) no long
+# file is left running alone at the end.
+LONGEST_FIRST = ["workflow/test_whole_pipeline.py", "toolchain/test_cuda_build.py", "ops/test_cuda.py",
+                 "ops/test_native.py", "train/test_simulate.py", "train/test_train.py", "analysis/test_paper.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    rank = {str(tests / name): i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture
