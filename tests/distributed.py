@@ -80,17 +80,27 @@ class Zygote:
     """The client of one rank_zygote.py process (see there)."""
 
     def __init__(self) -> None:
-        self.env, self.requests = rank_environment(), 0
+        self.env, self.requests, self.unread = rank_environment(), 0, b""
         self.proc = subprocess.Popen([sys.executable, str(TESTS / "rank_zygote.py")], env=self.env, cwd=REPO,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         if self._reply(300) != {"ready": True}:
             self.proc.kill()
             raise RuntimeError("the rank zygote did not start")
 
     def _reply(self, timeout: float) -> dict | None:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        return json.loads(line) if line else None
+        """The zygote's next answer, or None when none comes within ``timeout`` seconds (lines are
+        read from the pipe directly: a buffered reader could hold a second answer select cannot see)."""
+        deadline, fd = time.monotonic() + timeout, self.proc.stdout.fileno()
+        while b"\n" not in self.unread:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self.unread += chunk
+        line, self.unread = self.unread.split(b"\n", 1)
+        return json.loads(line)
 
     def suits(self, env: dict[str, str]) -> bool:
         keys = (env.keys() | self.env.keys()) - RANK_VARIABLES
@@ -102,7 +112,7 @@ class Zygote:
         self.requests += 1
         request = {"id": self.requests, "argv": argv, "envs": envs, "cwd": str(REPO), "logs": [str(p) for p in logs],
                    "timeout": timeout, "preload": preload}
-        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
         self.proc.stdin.flush()
         deadline = time.monotonic() + timeout + 120  # the zygote enforces the timeout; this is its own hang
         answer = self._reply(timeout + 120)

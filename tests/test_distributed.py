@@ -3,12 +3,13 @@ the fresh processes they stand for, and a failed or hung rank fails the test in 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
 import pytest
 
-from distributed import RanksFailed, run_ranks, zygote
+from distributed import REPO, RanksFailed, run_ranks, zygote
 
 
 def test_forked_ranks_are_what_fresh_processes_would_be():
@@ -48,3 +49,14 @@ def test_a_hung_rank_is_killed_at_the_timeout(env):
         run_ranks("launcher_jobs:hang", 2, timeout=8, env=env)
     assert time.monotonic() - start < 40
 
+
+
+def test_an_answer_left_unread_by_an_interrupted_test_is_skipped(tmp_path):
+    forks = zygote()
+    forks.requests += 1  # a request whose test was interrupted before it read the answer
+    stale = {"id": forks.requests, "argv": ["-c", "import time; time.sleep(1)"], "envs": [forks.env],
+             "cwd": str(REPO), "logs": [str(tmp_path / "stale.log")], "timeout": 30, "preload": None}
+    forks.proc.stdin.write(json.dumps(stale).encode() + b"\n")
+    forks.proc.stdin.flush()
+    ranks = run_ranks("launcher_jobs:identity", 2)
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["parent"] for r in ranks} == {forks.proc.pid}
