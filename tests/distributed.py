@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from rank_watch import watch
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 COMM_JOBS = TESTS / "comm" / "_comm_jobs.py"
@@ -116,7 +118,7 @@ class Zygote:
         self.proc.stdin.flush()
         deadline = time.monotonic() + timeout + 120  # the zygote enforces the timeout; this is its own hang
         answer = self._reply(timeout + 120)
-        while answer is not None and answer.get("id") != request["id"]:  # a test interrupted while waiting
+        while answer is not None and answer.get("id") != request["id"]:  # left by a test interrupted while waiting
             answer = self._reply(max(deadline - time.monotonic(), 0))
         if answer is None:
             self.proc.kill()
@@ -140,36 +142,25 @@ def launch(what: str, argv: list[str], world: int, folder: Path, timeout: float,
     base = rank_environment({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
                              **(env or {})})
     envs = [{**base, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(world)]
+    paths = [folder / f"rank{rank}.log" for rank in range(world)]
     forks = zygote()
     if argv[0] == sys.executable and forks is not None and forks.suits(base):
-        paths = [folder / f"rank{rank}.log" for rank in range(world)]
         answer = forks.run(argv[1:], envs, paths, timeout, preload)
         if answer is not None:
             if answer["why"]:
-                raise RanksFailed(_report_files(what, world, paths, answer["returncodes"], answer["why"]))
+                raise RanksFailed(_report(what, world, paths, answer["returncodes"], answer["why"]))
             return
-    procs, logs = [], []
+    procs = []
     try:
-        for rank in range(world):
-            log = open(folder / f"rank{rank}.log", "w+")
-            logs.append(log)
-            procs.append(subprocess.Popen(argv, env=envs[rank], stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True))
-        deadline = time.monotonic() + timeout
-        while any(p.poll() is None for p in procs):
-            failed = any(p.poll() not in (None, 0) for p in procs)
-            if failed or time.monotonic() > deadline:
-                if failed:
-                    time.sleep(1)  # let the others print their side
-                _kill(procs)
-                raise RanksFailed(_report(what, world, logs, procs, "a rank failed" if failed else
-                                          f"timed out after {timeout:.0f} s"))
-            time.sleep(0.05)
-        if any(p.returncode for p in procs):
-            raise RanksFailed(_report(what, world, logs, procs, "a rank failed"))
+        for rank, path in enumerate(paths):
+            with open(path, "w") as log:  # the rank holds its own descriptor
+                procs.append(subprocess.Popen(argv, env=envs[rank], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                              start_new_session=True))
+        why = watch(lambda r: procs[r].poll(), lambda r: _kill([procs[r]]), world, timeout)
+        if why:
+            raise RanksFailed(_report(what, world, paths, [p.returncode for p in procs], why))
     finally:
         _kill(procs)
-        for log in logs:
-            log.close()
 
 
 def run_ranks(target: str, world: int, args: dict[str, Any] | None = None, timeout: float = 120,
@@ -202,13 +193,7 @@ def _kill(procs) -> None:
             p.wait()
 
 
-def _report(what, world, logs, procs, why) -> str:
-    for log in logs:
-        log.flush()
-    return _report_files(what, world, [Path(log.name) for log in logs], [p.returncode for p in procs], why)
-
-
-def _report_files(what, world, paths, returncodes, why) -> str:
+def _report(what, world, paths, returncodes, why) -> str:
     parts = [f"{what} on {world} ranks: {why}"]
     for r, path in enumerate(paths):
         parts.append(f"--- rank {r} (exit {returncodes[r]}) ---\n" + path.read_text(errors="replace")[-4000:])

@@ -25,8 +25,9 @@ import random
 import runpy
 import signal
 import sys
-import time
 import traceback
+
+from rank_watch import watch  # beside this file, on sys.path as the script's folder
 
 PRELOAD = ["torch", "torch.distributed", "fp4quant", "fp4quant.comm", "fp4quant.parallel", "fp4quant.train"]
 
@@ -63,11 +64,11 @@ def child(argv: list[str], env: dict[str, str], cwd: str, log: str) -> None:
             sys.argv = [argv[1], *argv[2:]]
             sys.path[0] = cwd
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-            atexit._run_exitfuncs()
         else:
             sys.argv = list(argv)
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
             runpy.run_path(argv[0], run_name="__main__")
+        if argv[0] != "-c":  # as the interpreter's exit would (the -c rank body ends in os._exit itself)
             atexit._run_exitfuncs()
         code = 0
     except SystemExit as exc:
@@ -100,26 +101,20 @@ def run(req: dict) -> dict:
             child(req["argv"], env, req["cwd"], log)
         pids.append(pid)
     codes: dict[int, int] = {}
-    deadline, why = time.monotonic() + req["timeout"], None
-    while len(codes) < len(pids):
-        for pid in pids:
-            if pid not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[pid] = os.waitstatus_to_exitcode(status)
-        failed = any(codes.values())
-        if len(codes) < len(pids) and (failed or time.monotonic() > deadline):
-            if failed:
-                time.sleep(1)  # let the others print their side
-            why = "a rank failed" if failed else f"timed out after {req['timeout']:.0f} s"
-            for pid in pids:
-                if pid not in codes:
-                    _kill(pid)
-                    codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            break
-        time.sleep(0.05)
-    if why is None and any(codes.values()):
-        why = "a rank failed"
+
+    def poll(r: int) -> int | None:
+        if pids[r] not in codes:
+            done, status = os.waitpid(pids[r], os.WNOHANG)
+            if done:
+                codes[pids[r]] = os.waitstatus_to_exitcode(status)
+        return codes.get(pids[r])
+
+    def kill(r: int) -> None:
+        if pids[r] not in codes:
+            _kill(pids[r])
+            codes[pids[r]] = os.waitstatus_to_exitcode(os.waitpid(pids[r], 0)[1])
+
+    why = watch(poll, kill, len(pids), req["timeout"])
     return {"returncodes": [codes[p] for p in pids], "why": why}
 
 
@@ -136,8 +131,9 @@ def main() -> None:
                 importlib.import_module(req["preload"])
             except Exception as exc:  # the fresh process will show the error in full
                 answer = {"refused": f"cannot import {req['preload']}: {type(exc).__name__}: {exc}"}
-        if answer is None and threads() > 1:
-            answer = {"refused": f"{threads()} threads are running: a fork would copy their locks"}
+        running = threads()
+        if answer is None and running > 1:
+            answer = {"refused": f"{running} threads are running: a fork would copy their locks"}
         print(json.dumps({"id": req.get("id"), **(answer or run(req))}), file=reply, flush=True)
 
 

@@ -50,7 +50,6 @@ def test_a_hung_rank_is_killed_at_the_timeout(env):
     assert time.monotonic() - start < 40
 
 
-
 def test_an_answer_left_unread_by_an_interrupted_test_is_skipped(tmp_path):
     forks = zygote()
     forks.requests += 1  # a request whose test was interrupted before it read the answer
