@@ -290,6 +290,8 @@ def main(argv=None) -> int:
     z.add_argument("--study", action="store_true",
                    help="a study keyed on the training code (provenance: training_code): its figures and tables in "
                         "its own folder, its runs of one training code over several commits and machines")
+    z.add_argument("--partial", action="store_true",
+                   help="with --study: freeze the runs its results name (its first batches) and leave the rest behind")
     k = sub.add_parser("claims", help="the README's claims table, from the canonical evidence (reference/, data/)")
     k.add_argument("--root", default=".", help="the repository root the evidence paths are relative to")
     k.add_argument("--check", default=None, metavar="README",
@@ -299,7 +301,8 @@ def main(argv=None) -> int:
         if a.command == "claims":
             return cmd_claims(a)
         if a.command == "freeze":
-            origin = freeze(a.profile, a.to, a.data, a.figures, a.tables, a.produced_by, study=a.study)
+            origin = freeze(a.profile, a.to, a.data, a.figures, a.tables, a.produced_by, study=a.study,
+                            partial=a.partial)
             of = f"training code {origin['code']}" if "code" in origin else f"commit {origin['commit'][:12]}"
             print(f"froze profile {a.profile} ({'; '.join(origin['hardware'])}, {of}) into {a.to}", file=sys.stderr)
         else:

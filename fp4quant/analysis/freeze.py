@@ -7,7 +7,9 @@ tables into <to>/data/<profile>/, <to>/figures/, <to>/tables/, and writes <to>/R
 saying what produced them.  It refuses a run whose results, figures and tables do not all
 come from one machine, commit and torch (see .origin), whose figures and tables were made
 for another profile or are missing, with a training run that is not complete, or with a
-table comparing runs that do not belong together (see .comparable).
+table comparing runs that do not belong together (see .comparable).  A study keyed on the
+training code (``--study``) may be frozen before all its batches are done (``--partial``): the runs
+its results name go in, the others stay behind, and the README says how many.
 
 A frozen run stays small (``slim``): what a reviewer reads stays as plain files (the README,
 figures, tables, result and benchmark CSVs with their .meta.json, each run's summary.json,
@@ -91,11 +93,13 @@ def compared_runs(data: Path) -> dict[Path, list[Path]]:
     return found
 
 
-def check_training_runs(data: Path) -> None:
-    """Every training run under ``data``, or named by a table of its results, is complete, and the
-    runs each table compares belong together (.comparable); one line naming the problem."""
+def check_training_runs(data: Path, left: frozenset[Path] = frozenset()) -> None:
+    """Every training run under ``data`` (but those ``left`` behind), or named by a table of its
+    results, is complete, and the runs each table compares belong together (.comparable); one
+    line naming the problem."""
     tables = compared_runs(data)
-    check_complete(sorted({*training_runs(data), *(r for runs in tables.values() for r in runs)}))
+    check_complete(sorted({*(r for r in training_runs(data) if r not in left),
+                           *(r for runs in tables.values() for r in runs)}))
     for table, runs in tables.items():
         try:
             check_runs(runs, also_varied=COMPARED_TABLES[table.name])
@@ -103,14 +107,21 @@ def check_training_runs(data: Path) -> None:
             raise Incomparable(f"{table}: {exc}") from None
 
 
-def check_study_results(data: Path) -> None:
+def results_runs(data: Path) -> list[Path]:
+    """The training runs a study's results name (its COMPARED_TABLES), as found under ``data``."""
+    named = {r.resolve() for runs in compared_runs(data).values() for r in runs}
+    return [r for r in training_runs(data) if r.resolve() in named]
+
+
+def check_study_results(data: Path, partial: bool = False) -> None:
     """A study's results describe the runs frozen with them: its tables name every training run
-    under ``data``, each with the final validation loss its summary.json records.  Results built
-    before a run was added or retrained are stale: one line naming the run."""
+    under ``data`` (``partial``: the runs they name are those frozen, the others stay behind), each
+    with the final validation loss its summary.json records.  Results built before a run was added
+    or retrained are stale: one line naming the run."""
     tables = compared_runs(data)
     named = {r.resolve() for runs in tables.values() for r in runs}
     unnamed = [r for r in training_runs(data) if r.resolve() not in named]
-    if unnamed:
+    if unnamed and not partial:
         raise Incomparable(f"{unnamed[0]}: a run no table of {data}/results names (the results are older than it): "
                            "rebuild the study's results before freezing")
     root = data.resolve().parent.parent
@@ -180,19 +191,42 @@ def slim(folder: str | Path) -> dict[str, list[str]]:
             "compressed": [p.relative_to(folder).as_posix() for p in big]}
 
 
+def left_behind(data: Path) -> frozenset[Path]:
+    """The training runs under ``data`` that a study's results do not name: unfinished, or of
+    batches the results do not cover yet (a partial freeze leaves them behind)."""
+    return frozenset(training_runs(data)) - frozenset(results_runs(data))
+
+
+def is_left(rel: Path, left_rel: list[Path]) -> bool:
+    """Whether a file (``rel``: its path in the profile's folder) belongs to a run left behind: a file
+    in its folder, or a job's log named after it (the workflow names a run's training job's log by
+    the run's last three folders, e.g. logs/tp_train_tp8_bf16_seed4.log)."""
+    def job_log_of(r: Path) -> bool:
+        return rel.parts[0] == "logs" and rel.stem.endswith("_".join(("", *r.parts[-3:])))
+
+    return any(rel.is_relative_to(r) or job_log_of(r) for r in left_rel)
+
+
 def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str | Path = "figures",
-           tables: str | Path = "paper/tables", command: str = "make figures", study: bool = False) -> dict:
+           tables: str | Path = "paper/tables", command: str = "make figures", study: bool = False,
+           partial: bool = False) -> dict:
     """Copy one complete, consistent run into ``to`` in the slim layout; return its provenance.
 
     ``study``: a study keyed on the training code (``provenance: training_code``), whose figures and
     tables lie in its own folder and whose runs gather over commits and machines: every run must
-    have one training code and torch (origin.check_same_training_code), every result one torch."""
+    have one training code and torch (origin.check_same_training_code), every result one torch.
+    ``partial`` (a study only): freeze the runs its results name, its first batches, and leave the
+    others (unfinished, or of batches the results do not cover yet) behind, as the README says."""
     src, dest = Path(data) / profile, Path(to)
+    if partial and not study:
+        raise ValueError("--partial freezes a study's first batches: give --study too")
     if not (src / "results").is_dir():
         raise FileNotFoundError(f"{src}/results: no results of profile {profile} to freeze (run the workflow first)")
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"{dest} already holds something; freeze into a new folder")
-    files = run_files(src)
+    left = left_behind(src) if partial else frozenset()
+    left_rel = [r.relative_to(src) for r in left]
+    files = [p for p in run_files(src) if not is_left(p.relative_to(src), left_rel)]
     made = [] if study else made_from_run(Path(figures), Path(tables), src)
     missing = [str(p) for p in made if not p.exists()]
     if missing:
@@ -205,16 +239,19 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
     results = [p for p in files if p.suffix in (".csv", ".json") and not p.name.endswith(".meta.json")
                and p.name != "meta.json"] + made
     if study:
-        code = check_same_training_code(training_runs(src))
+        frozen = [r for r in training_runs(src) if r not in left]
+        code = check_same_training_code(frozen)
         if not code:
             raise FileNotFoundError(f"{src}: no training runs: not a study to freeze")
         check_same_origin(results, keys=("torch",))
-        check_study_results(src)
+        check_study_results(src, partial)
         origin = {"hardware": code["hardware"], "commit": "; ".join(code["commits"]), "torch": code["torch"],
                   "code": code["code"]}
+        if partial:
+            origin["partial"] = (len(frozen), len(left))
     else:
         origin = check_same_origin(results)
-    check_training_runs(src)
+    check_training_runs(src, left)
     root = f"{src.resolve().parent.parent}/"  # the folder the run ran in (data/<profile> below it)
     for p in files:
         target = dest / "data" / profile / p.relative_to(src)
@@ -255,14 +292,19 @@ def readme(profile: str, dest: Path, origin: dict, command: str,
     return (
         f"# Reference results: {hardware}\n\n"
         + packed_paragraph(packed or {"packed": [], "compressed": []}) +
-        f"A complete run of the workflow's profile `{profile}`, frozen on {time.strftime('%Y-%m-%d')} with\n"
-        f"`python -m fp4quant.analysis freeze --profile {profile} --to {dest}`.\n"
+        f"A {'partial' if 'partial' in origin else 'complete'} run of the workflow's profile `{profile}`, "
+        f"frozen on {time.strftime('%Y-%m-%d')} with\n"
+        f"`python -m fp4quant.analysis freeze --profile {profile} --to {dest}"
+        f"{' --study --partial' if 'partial' in origin else ' --study' if 'code' in origin else ''}`.\n"
         "Compare a run of your own against it; a run never reads it.\n\n"
         f"- produced by: `{command}`\n"
         f"- hardware: {hardware}\n"
         f"- commit: {origin['commit']}\n"
         + (f"- training code: {origin['code']} (fp4quant.provenance.code_digest: the runs span the commits above, "
-           "all of this one training code)\n" if "code" in origin else "") +
+           "all of this one training code)\n" if "code" in origin else "")
+        + (f"- partial: the study's first batches, the {origin['partial'][0]} runs its results name; "
+           f"{origin['partial'][1]} more under data/{profile} (unfinished, or of later batches) were left behind\n"
+           if "partial" in origin else "") +
         f"- torch: {origin['torch']}\n\n"
         f"`data/{profile}/`: the workflow's run summaries, benchmark CSVs and tidy results "
         "(without token files and checkpoints); `figures/`: the paper's figures; `tables/`: its LaTeX tables.\n"

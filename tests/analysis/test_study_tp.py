@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import tarfile
 
 import numpy as np
 import pandas as pd
@@ -273,3 +274,51 @@ def test_freeze_refuses_study_results_older_than_its_runs(tmp_path, capsys):
     assert rc == 2 and len(err) == 1 and "tp2/bf16/seed0" in err[0] and "retrained" in err[0], err
     results(runs)
     assert freeze("c")[0] == 0
+
+
+def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, capsys):
+    """freeze --study --partial: the study's first batches frozen while the others gather; the runs
+    its results name go in, an unfinished run (and its job's log) and a finished run of a later
+    batch stay behind, and the README says so.  Without --partial the same folder is refused."""
+    src = tmp_path / "data" / "study_tp"
+    named = [tp_run(src / "tp_runs", 16, c, s, [2.0 + 0.01 * s, 2.1, 2.05])
+             for c in ("bf16", "fp4quant") for s in (0, 1)]
+    later = tp_run(src / "tp_runs", 2, "bf16", 0, [2.0, 2.1, 2.05])  # finished, of a batch the results do not cover
+    unfinished = src / "tp_runs" / "tp8" / "bf16" / "seed0"
+    (unfinished / "checkpoints").mkdir(parents=True)
+    (unfinished / "log.jsonl").write_text(json.dumps({"step": 0, "loss": 2.3}) + "\n")
+    (src / "logs").mkdir()
+    for run in ("tp16_bf16_seed0", "tp8_bf16_seed0"):
+        (src / "logs" / f"tp_train_{run}.log").write_text("trained\n")
+    assert analysis_main(["study-tp", "--profile", "study_tp", "--runs", *map(str, named), "--margin", "0.05",
+                          "--order", "bf16", "fp4quant", "--out-dir", str(src / "results"),
+                          "--figure", str(src / "figures" / "loss_gap_tp.pdf")]) == 0
+
+    def freeze(to, *extra):
+        capsys.readouterr()
+        rc = analysis_main(["freeze", "--profile", "study_tp", "--data", str(tmp_path / "data"), *extra,
+                            "--produced-by", "snakemake study_tp", "--to", str(tmp_path / to)])
+        return rc, capsys.readouterr().err.strip().splitlines()
+
+    rc, err = freeze("whole", "--study")
+    assert rc == 2 and len(err) == 1 and "tp8/bf16/seed0" in err[0], err
+    rc, err = freeze("not-a-study", "--partial")
+    assert rc == 2 and len(err) == 1 and "--study" in err[0], err
+    assert freeze("first", "--study", "--partial")[0] == 0
+    ref = tmp_path / "first"
+    kept = sorted(p.relative_to(ref / "data/study_tp/tp_runs").parent.as_posix()
+                  for p in (ref / "data/study_tp/tp_runs").rglob("summary.json"))
+    assert kept == ["tp16/bf16/seed0", "tp16/bf16/seed1", "tp16/fp4quant/seed0", "tp16/fp4quant/seed1"], kept
+    assert not (ref / "data/study_tp/tp_runs/tp8").exists() and not (ref / "data/study_tp/tp_runs/tp2").exists()
+    with tarfile.open(ref / "raw.tar.xz") as tar:
+        names = tar.getnames()
+    assert "data/study_tp/logs/tp_train_tp16_bf16_seed0.log" in names, names
+    assert not [n for n in names if "tp8" in n or "tp2/" in n], names
+    readme = (ref / "README.md").read_text()
+    assert "- partial: the study's first batches, the 4 runs its results name; 2 more" in readme, readme
+    assert "--study --partial" in readme and later.exists()
+    summary = json.loads((named[0] / "summary.json").read_text())
+    summary["val_loss"] += 0.01  # a named run retrained after the results: still stale when partial
+    (named[0] / "summary.json").write_text(json.dumps(summary))
+    rc, err = freeze("stale", "--study", "--partial")
+    assert rc == 2 and len(err) == 1 and "retrained" in err[0], err

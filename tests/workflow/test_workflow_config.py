@@ -165,8 +165,10 @@ def test_the_study_trains_each_batch_with_its_directions(tmp_path):
                            cwd=tmp_path, capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PYTHONPATH": str(REPO)})  # this checkout's package
         assert r.returncode == 0, r.stdout + r.stderr
+        printed.append(r.stdout)
         return re.findall(r"-m fp4quant\.train (.*?) --out (\S+)", r.stdout)
 
+    printed = []
     study = yaml.safe_load((REPO / "workflow/config/study.yaml").read_text())
     seeds = study["train"]["seeds"]
     assert len(seeds) >= 3 and study["cluster"]["enabled"] is False
@@ -191,14 +193,15 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
     """workflow/config/study_tp.yaml: its margin and TP degrees are stated; study_tp_batch1 trains
     bf16 and fp4quant at TP = 16 on every seed with --simulate-tp, the BF16 run of the first seed
     saving its traffic; the controls' batch runs exact at TP 2 and 1 and BF16's rounding alone at
-    TP 1 (--rounding-alone, no --simulate-tp); `study_tp` needs all of them (dry runs)."""
+    TP 1 (--rounding-alone, no --simulate-tp); `study_tp` needs all of them, or with the
+    study_tp_batch1.yaml overlay batch 1's alone, its SQNR from TP = 16's traffic (dry runs)."""
     import re
 
     config = REPO / "workflow/config/study_tp.yaml"
 
-    def dry_run(target):
+    def dry_run(target, *overlays):
         r = subprocess.run([sys.executable, "-m", "snakemake", target, "--snakefile", str(REPO / "Snakefile"), "-n",
-                            "-p", "--cores", "1", "--configfile", str(config)],
+                            "-p", "--cores", "1", "--configfile", str(config), *overlays],
                            cwd=tmp_path, capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PYTHONPATH": str(REPO)})
         assert r.returncode == 0, r.stdout + r.stderr
@@ -209,8 +212,10 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
         # rewrites meta.json and info.json, which must not empty the study's runs
         hashed = re.findall(r"fresh_run\.py \S+ '\{.*?\}' (\S+)", r.stdout)
         assert hashed and set(hashed) == {"data/study_tp/tokens/tokens.bin"}, hashed
+        printed.append(r.stdout)
         return re.findall(r"-m fp4quant\.train (.*?) --out (\S+)", r.stdout)
 
+    printed = []
     study = yaml.safe_load(config.read_text())
     tp = study["study_tp"]
     assert tp["margin"] == 0.05 and tp["tps"] == [16, 8, 4, 2] and len(study["train"]["seeds"]) >= 5
@@ -225,6 +230,10 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
     assert "--comm bf16 " in controls["tp1/bf16-alone/seed3"] and "--rounding-alone" in controls["tp1/bf16-alone/seed3"]
     assert "--simulate-tp" not in controls["tp1/exact/seed0"] and "--simulate-tp" in controls["tp2/exact/seed0"]
     assert len([o for _, o in dry_run("study_tp") if "/tp_runs/" in o]) == 4 * (5 + 5 + 3 + 3) + 15
+    headline = dry_run("study_tp", str(REPO / "workflow/config/study_tp_batch1.yaml"))
+    assert sorted(out for _, out in headline) == sorted(out for _, out in first)
+    captures = re.findall(r"--captures (.*?) --presets", printed[-1])
+    assert captures == ["data/study_tp/tp_runs/small-mha/tp16/bf16/seed0/traffic"], captures
 
 
 def test_a_study_keyed_on_the_training_code_refuses_a_tree_git_cannot_read(tmp_path):

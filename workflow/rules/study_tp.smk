@@ -66,19 +66,29 @@ if STUDY_TP:
             "{params.fresh} > {log:q} 2>&1"
             " && OMP_NUM_THREADS={threads} {PY:q} -m fp4quant.train {params.args} --out {params.run:q} >> {log:q} 2>&1"
 
-    for _i, _batch in enumerate(STUDY_TP.get("batches") or [{"tps": STUDY_TP["tps"], "comms": TRAIN["comms"]},
-                                                             {"controls": True}], start=1):
+    TP_BATCHES = [tp_control_runs() if b.get("controls") else tp_runs(b.get("tps", []), b.get("comms", []))
+                  for b in STUDY_TP.get("batches") or [{"tps": STUDY_TP["tps"], "comms": TRAIN["comms"]},
+                                                       {"controls": True}]]
+    # the runs the results cover: every run, or batches 1 .. results_through_batch (the headline
+    # batch built and frozen while the others gather; workflow/config/study_tp_batch1.yaml)
+    _through = STUDY_TP.get("results_through_batch")
+    if _through is not None and _through > len(TP_BATCHES):
+        raise ValueError(f"study_tp.results_through_batch is {_through}, but the study has {len(TP_BATCHES)} batches")
+    TP_RESULT_RUNS = (TP_ALL_RUNS if _through is None
+                      else list(dict.fromkeys(r for b in TP_BATCHES[:_through] for r in b)))
+    TP_RESULT_TRAFFIC_RUNS = [r for r in TP_TRAFFIC_RUNS.values() if r in TP_RESULT_RUNS]
+
+    for _i, _runs in enumerate(TP_BATCHES, start=1):
 
         rule:
             name:
                 f"study_tp_batch{_i}"
             input:
-                [f"{d}/summary.json" for d in (tp_control_runs() if _batch.get("controls")
-                                               else tp_runs(_batch.get("tps", []), _batch.get("comms", [])))],
+                [f"{d}/summary.json" for d in _runs],
 
     rule study_tp_results:
         input:
-            [f"{d}/summary.json" for d in TP_ALL_RUNS],
+            [f"{d}/summary.json" for d in TP_RESULT_RUNS],
         output:
             convergence=f"{TP_RESULTS}/tp_convergence.csv",
             summary=f"{TP_RESULTS}/tp_summary.csv",
@@ -87,7 +97,7 @@ if STUDY_TP:
         log:
             f"{OUT}/logs/study_tp_results.log",
         params:
-            runs=TP_ALL_RUNS,
+            runs=TP_RESULT_RUNS,
             order=TRAIN["comms"],
             margin=STUDY_TP["margin"],
         shell:
@@ -97,14 +107,14 @@ if STUDY_TP:
 
     rule study_tp_reduced_error:
         input:
-            [f"{d}/summary.json" for d in TP_TRAFFIC_RUNS.values()],
+            [f"{d}/summary.json" for d in TP_RESULT_TRAFFIC_RUNS],
         output:
             csv=f"{OUT}/bench/reduced_error.csv",
             summary=f"{OUT}/bench/reduced_error_summary.csv",
         log:
             f"{OUT}/logs/study_tp_reduced_error.log",
         params:
-            captures=[f"{d}/traffic" for d in TP_TRAFFIC_RUNS.values()],
+            captures=[f"{d}/traffic" for d in TP_RESULT_TRAFFIC_RUNS],
             presets=",".join(c for c in TRAIN["comms"] if c != "exact"),
         threads: workflow.cores
         shell:
