@@ -35,7 +35,8 @@ figures: $(STAMP)
 # The paper from the canonical frozen results (reference/ and data/), as docs/paper.pdf: the copy
 # the README links (needs latexmk; `make figures` builds paper/build/main.pdf from your own run).
 PAPER_SOURCES = --results reference/figures-zen4/data/cpu/results --study reference/study-convergence \
-	--clusters data/projection_clusters.csv --topology data/allreduce_2x2_emulated.csv
+	--clusters data/projection_clusters.csv --topology data/allreduce_2x2_emulated.csv \
+	--study-tp reference/study-tp/data/study_tp
 paper: $(STAMP)
 	rm -f paper/build-reference/main.pdf
 	$(PY) -m fp4quant.analysis paper $(PAPER_SOURCES) --out-dir paper/build-reference

@@ -25,6 +25,7 @@ ZEN4 = "reference/figures-zen4/data/cpu"
 ZEN3 = "reference/figures-zen3/data/cpu"
 XEON = "reference/figures-xeon/data/cpu"
 STUDY = "reference/study-convergence"
+STUDY_TP = "reference/study-tp/data/study_tp"
 COMPUTE = "reference/study-compute"
 KERNEL_RUNS = tuple(f"data/kernels_cpu_zen4_run{k}.csv" for k in (1, 2, 3))
 FIGURES = "`make figures`"
@@ -153,6 +154,22 @@ def convergence(root: Path) -> str:
             f"TP = 2): {against_zero(row)}")
 
 
+def convergence_tp(root: Path) -> str:
+    """fp4quant against bf16 at each TP degree of the TP study (its frozen batches), and what summing
+    the ranks' quantized partials does to the all-reduced tensors' SQNR at the largest degree."""
+    df = _csv(root, f"{STUDY_TP}/results/tp_summary.csv")
+    rows = df[df.config == "fp4quant"].sort_values("tp", ascending=False)
+    gaps = "; ".join(f"TP = {r.tp}: {r.diff_mean:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], {r.verdict}"
+                     for r in rows.itertuples())
+    sqnr = _csv(root, f"{STUDY_TP}/bench/reduced_error_summary.csv")
+    top = sqnr[(sqnr.tp == sqnr.tp.max()) & (sqnr.preset == "fp4quant") & (sqnr.direction == "bwd")].iloc[0]
+    first = rows.iloc[0]
+    return (f"fp4quant - bf16 final validation loss, nats [95% CI]: {gaps} ({_seeds(list(rows.itertuples()))}, "
+            f"{first.tokens / 1e3:.0f}k tokens, {first.ranks} ranks; margin +-{first.margin:g} declared before the "
+            f"runs); the {top.tp} ranks' summed gradients at {top.sqnr_db_median:.1f} dB SQNR, one message's "
+            f"{top.single_sqnr_db_median:.1f} dB")
+
+
 def ablations(root: Path) -> str:
     df = _csv(root, f"{STUDY}/results/convergence_summary.csv").set_index("config")
 
@@ -203,6 +220,11 @@ CLAIMS = (
     Claim("Convergence comparable to BF16", "comparable", convergence, "measured, CPU, small Qwen2",
           (f"{STUDY}/results/convergence_summary.csv",),
           "`snakemake --cores all study --configfile workflow/config/study.yaml`"),
+    Claim("Convergence comparable at TP = 16", "comparable (TP = 16)", convergence_tp,
+          "measured, CPU (Xeon), small-mha Qwen2, ranks simulated",
+          (f"{STUDY_TP}/results/tp_summary.csv", f"{STUDY_TP}/bench/reduced_error_summary.csv"),
+          "`snakemake --cores all study_tp --configfile workflow/config/study_tp.yaml "
+          "workflow/config/study_tp_batch1.yaml`"),
     Claim("Dual scale and FWHT matter", "ablations", ablations, "measured, CPU, small Qwen2",
           (f"{STUDY}/results/convergence_summary.csv",),
           "`snakemake --cores all study --configfile workflow/config/study.yaml`"),

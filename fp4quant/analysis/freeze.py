@@ -307,5 +307,7 @@ def readme(profile: str, dest: Path, origin: dict, command: str,
            if "partial" in origin else "") +
         f"- torch: {origin['torch']}\n\n"
         f"`data/{profile}/`: the workflow's run summaries, benchmark CSVs and tidy results "
-        "(without token files and checkpoints); `figures/`: the paper's figures; `tables/`: its LaTeX tables.\n"
+        + ("(without token files, checkpoints and captured traffic); its `figures/`: the study's figures.\n"
+           if "code" in origin else
+           "(without token files and checkpoints); `figures/`: the paper's figures; `tables/`: its LaTeX tables.\n")
     )
