@@ -19,6 +19,7 @@ from fp4quant.analysis.tables import number
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "reference/figures-zen4/data/cpu/results"
 STUDY = REPO / "reference/study-convergence"
+STUDY_TP = REPO / "reference/study-tp/data/study_tp"
 CLUSTERS = REPO / "data/projection_clusters.csv"
 TOPOLOGY = REPO / "data/allreduce_2x2_emulated.csv"
 
@@ -28,10 +29,20 @@ PDF_TOOLS = bool(shutil.which("latexmk") and shutil.which("pdffonts"))
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """One build of the canonical paper for the module: its PDF too where latexmk is installed."""
+    """One build of the canonical paper for the module (`make paper`'s sources): its PDF too where
+    latexmk is installed."""
     out = tmp_path_factory.mktemp("paper")
-    paper.Paper(paper.Sources(RUN, STUDY, None, CLUSTERS, TOPOLOGY), out).build(pdf=PDF_TOOLS)
+    paper.Paper(paper.Sources(RUN, STUDY, STUDY_TP, CLUSTERS, TOPOLOGY), out).build(pdf=PDF_TOOLS)
     return out
+
+
+def test_the_module_builds_what_make_paper_builds():
+    text = (REPO / "Makefile").read_text()
+    words = re.search(r"^PAPER_SOURCES = ((?:.*\\\n)*.*)$", text, re.M).group(1).replace("\\\n", " ").split()
+    assert dict(zip(words[::2], words[1::2])) == {
+        "--results": str(RUN.relative_to(REPO)), "--study": str(STUDY.relative_to(REPO)),
+        "--study-tp": str(STUDY_TP.relative_to(REPO)), "--clusters": str(CLUSTERS.relative_to(REPO)),
+        "--topology": str(TOPOLOGY.relative_to(REPO))}, words
 
 
 def rows(tex: Path, block: int = 0) -> list[list[str]]:
@@ -125,9 +136,23 @@ def test_the_ablation_table_is_the_kernels_the_codec_and_the_study(built):
         assert macros(built)[f"{key}Outliers"] == number(e[name, "outlier_channels"] - e["fp4quant", "outlier_channels"], "+.2f")
 
 
-def test_the_convergence_table_is_the_study(built):
-    s = pd.read_csv(STUDY / "results/convergence_summary.csv").set_index("config")
+def test_the_convergence_table_is_the_tp_study(built):
+    t = pd.read_csv(STUDY_TP / "results/tp_summary.csv")
     got = rows(built / "tables/convergence.tex")
+    assert len(got) == len(t)
+    for r, x in zip(got, t.itertuples()):
+        assert r[:3] == [str(x.tp), x.config.replace("_", "\\_"), str(x.n)], r
+        assert r[3] == f"{number(x.val_loss_mean, '.4f')} $\\pm$ {number(x.val_loss_sd, '.4f')}", r
+        if pd.isna(x.diff_mean):
+            assert r[4:] == ["", ""], r
+        else:
+            assert r[4] == f"{number(x.diff_mean, '+.3f')} [{number(x.ci_low, '+.3f')}, {number(x.ci_high, '+.3f')}]"
+            assert r[5] == x.verdict.split(" (the 90")[0], r
+
+
+def test_the_convergence_table_without_a_tp_study_is_the_tp2_study(tmp_path):
+    s = pd.read_csv(STUDY / "results/convergence_summary.csv").set_index("config")
+    got = rows_of(paper.Paper(paper.Sources(RUN, STUDY), tmp_path).convergence_table())
     assert [r[0].replace("\\_", "_") for r in got][:2] == ["bf16", "fp4quant"] and len(got) == len(s)
     for r in got:
         x = s.loc[r[0].replace("\\_", "_")]
