@@ -244,6 +244,7 @@ def loss_gap_figure(table: pd.DataFrame, conv: pd.DataFrame, out, profile: str) 
             ax.scatter([xi + 0.04] * len(seeds), [mine[s] - base[s] for s in seeds], s=6, color=colours[name],
                        alpha=0.5, lw=0)
     ax.set_xticks(range(len(tps)), [str(t) for t in tps])
+    ax.set_xlim(-0.5, len(tps) - 0.5)  # one slot per degree, so that a study's first degree is not squeezed
     ax.set_xlabel("TP degree (ranks whose partial sums each all-reduce adds)")
     ax.set_ylabel("final val. loss - bf16 (nats)")
     ax.legend(fontsize=6, loc="best")
@@ -264,11 +265,11 @@ def sqnr_figure(summary: pd.DataFrame, out, profile: str) -> None:
                 continue
             ax.errorbar(g.tp, g.sqnr_db_median, yerr=[g.sqnr_db_median - g.sqnr_db_min, g.sqnr_db_max - g.sqnr_db_median],
                         fmt=marks[name] + "-", color=colours[name], ms=4, capsize=2, lw=1, label=name)
-            ax.plot(g.tp, g.single_sqnr_db_median, ls="--", color=colours[name], lw=0.8)
+            ax.plot(g.tp, g.single_sqnr_db_median, ls="--", marker="_", ms=8, color=colours[name], lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(set(d.tp)), [str(t) for t in sorted(set(d.tp))])
         ax.set_title({"fwd": "forward (activations)", "bwd": "backward (input gradients)"}[direction], fontsize=8)
         ax.set_xlabel("TP degree")
     axes[0].set_ylabel("SQNR of the reduced tensor (dB)")
-    axes[0].legend(fontsize=6, title="solid: all-reduce; dashed: one message", title_fontsize=6)
+    axes[0].legend(fontsize=6, title="solid: all-reduce; dashed, bar: one message", title_fontsize=6)
     _finish(fig, summary, profile, out)
