@@ -25,7 +25,8 @@ ZEN4 = "reference/figures-zen4/data/cpu"
 ZEN3 = "reference/figures-zen3/data/cpu"
 XEON = "reference/figures-xeon/data/cpu"
 STUDY = "reference/study-convergence"
-STUDY_TP = "reference/study-tp/data/study_tp"
+STUDY_TP_FOLDER = "reference/study-tp"
+STUDY_TP = f"{STUDY_TP_FOLDER}/data/study_tp"
 COMPUTE = "reference/study-compute"
 KERNEL_RUNS = tuple(f"data/kernels_cpu_zen4_run{k}.csv" for k in (1, 2, 3))
 FIGURES = "`make figures`"
@@ -38,7 +39,7 @@ class Claim:
     ours: Callable[[Path], str]  # the figure, from the files under the repository root
     kind: str  # measured / emulated / projected, and on what
     evidence: tuple[str, ...]  # files, relative to the root
-    command: str
+    command: str | Callable[[Path], str]  # or read from the evidence (a frozen study's README)
 
 
 def _csv(root: Path, path: str) -> pd.DataFrame:
@@ -154,20 +155,46 @@ def convergence(root: Path) -> str:
             f"TP = 2): {against_zero(row)}")
 
 
+def _frozen(root: Path, folder: str, field: str) -> str | None:
+    """A line ``- field: value`` of a frozen folder's README (analysis.freeze writes them)."""
+    for line in (root / folder / "README.md").read_text().splitlines():
+        if line.startswith(f"- {field}: "):
+            return line.removeprefix(f"- {field}: ")
+    return None
+
+
 def convergence_tp(root: Path) -> str:
     """fp4quant against bf16 at each TP degree of the TP study (its frozen batches), and what summing
     the ranks' quantized partials does to the all-reduced tensors' SQNR at the largest degree."""
     df = _csv(root, f"{STUDY_TP}/results/tp_summary.csv")
     rows = df[df.config == "fp4quant"].sort_values("tp", ascending=False)
-    gaps = "; ".join(f"TP = {r.tp}: {r.diff_mean:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], {r.verdict}"
-                     for r in rows.itertuples())
+    if rows.empty:
+        raise ValueError(f"{STUDY_TP}/results/tp_summary.csv has no fp4quant row: nothing to claim")
+
+    def gap(r) -> str:
+        verdict = str(r.verdict).split(" (the 90")[0]
+        if pd.isna(r.diff_mean):
+            return f"TP = {r.tp}: no paired seeds yet"
+        return f"TP = {r.tp}: {r.diff_mean:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], {verdict}"
+
     sqnr = _csv(root, f"{STUDY_TP}/bench/reduced_error_summary.csv")
     top = sqnr[(sqnr.tp == sqnr.tp.max()) & (sqnr.preset == "fp4quant") & (sqnr.direction == "bwd")].iloc[0]
     first = rows.iloc[0]
-    return (f"fp4quant - bf16 final validation loss, nats [95% CI]: {gaps} ({_seeds(list(rows.itertuples()))}, "
-            f"{first.tokens / 1e3:.0f}k tokens, {first.ranks} ranks; margin +-{first.margin:g} declared before the "
-            f"runs); the {top.tp} ranks' summed gradients at {top.sqnr_db_median:.1f} dB SQNR, one message's "
-            f"{top.single_sqnr_db_median:.1f} dB")
+    paired = [r for r in rows.itertuples() if not pd.isna(r.n_pairs)]
+    partial = _frozen(root, STUDY_TP_FOLDER, "partial")
+    return (f"fp4quant - bf16 final validation loss, nats [95% CI]: {'; '.join(map(gap, rows.itertuples()))} "
+            f"({_seeds(paired) if paired else 'no paired seeds'}, {first.tokens / 1e3:.0f}k tokens, {first.ranks} "
+            f"ranks; margin +-{first.margin:g} declared before the runs); the {top.tp} ranks' summed gradients at "
+            f"{top.sqnr_db_median:.1f} dB SQNR, one message's {top.single_sqnr_db_median:.1f} dB"
+            + (" (frozen before the study's later batches)" if partial else ""))
+
+
+def study_tp_command(root: Path) -> str:
+    """The command its freeze recorded: the whole study's, or its first batches' (an overlay)."""
+    command = _frozen(root, STUDY_TP_FOLDER, "produced by")
+    if command is None:
+        raise ValueError(f"{STUDY_TP_FOLDER}/README.md names no command (its '- produced by:' line)")
+    return command
 
 
 def ablations(root: Path) -> str:
@@ -223,8 +250,7 @@ CLAIMS = (
     Claim("Convergence comparable at TP = 16", "comparable (TP = 16)", convergence_tp,
           "measured, CPU (Xeon), small-mha Qwen2, ranks simulated",
           (f"{STUDY_TP}/results/tp_summary.csv", f"{STUDY_TP}/bench/reduced_error_summary.csv"),
-          "`snakemake --cores all study_tp --configfile workflow/config/study_tp.yaml "
-          "workflow/config/study_tp_batch1.yaml`"),
+          study_tp_command),
     Claim("Dual scale and FWHT matter", "ablations", ablations, "measured, CPU, small Qwen2",
           (f"{STUDY}/results/convergence_summary.csv",),
           "`snakemake --cores all study --configfile workflow/config/study.yaml`"),
@@ -244,7 +270,8 @@ def table(root: str | Path = ".") -> str:
         if missing:
             raise FileNotFoundError(f"claim {c.claim!r}: its evidence {missing[0]} does not exist")
         links = ", ".join(f"[{Path(e).name}]({e})" for e in c.evidence)
-        rows.append(f"| {c.claim} | {c.paper} | {c.ours(root)} | {c.kind} | {links} | {c.command} |")
+        command = c.command if isinstance(c.command, str) else c.command(root)
+        rows.append(f"| {c.claim} | {c.paper} | {c.ours(root)} | {c.kind} | {links} | {command} |")
     return "\n".join(rows) + "\n"
 
 

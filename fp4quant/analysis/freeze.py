@@ -192,9 +192,32 @@ def slim(folder: str | Path) -> dict[str, list[str]]:
 
 
 def left_behind(data: Path) -> frozenset[Path]:
-    """The training runs under ``data`` that a study's results do not name: unfinished, or of
-    batches the results do not cover yet (a partial freeze leaves them behind)."""
-    return frozenset(training_runs(data)) - frozenset(results_runs(data))
+    """The training runs under ``data`` that a study's results do not name, which a partial freeze
+    leaves behind: unfinished, or of configurations (run folders' parents) the results do not cover
+    yet.  One line for what would leave a result stale or a file mislaid: results naming no run, a
+    finished run beside runs they name (the results are older than it), a result built from a run
+    left behind (a ``*.meta.json`` naming it among its ``captures``), a run outside the TP study's
+    layout (whose job logs is_left could not tell)."""
+    runs, named = training_runs(data), results_runs(data)
+    if not named:
+        raise Incomparable(f"the results of {data} name none of its {len(runs)} training runs: build the results "
+                           "of the batches to freeze first")
+    left = frozenset(runs) - frozenset(named)
+    covered = {r.parent for r in named}
+    for r in sorted(left):
+        if r.relative_to(data).parts[0] != "tp_runs":
+            raise ValueError(f"{r}: --partial knows the TP study's layout only (runs under {data}/tp_runs)")
+        if (r / "summary.json").exists() and r.parent in covered:
+            raise Incomparable(f"{r}: a finished run beside runs the results name, which they do not (the results "
+                               "are older than it): rebuild the study's results before freezing")
+    root = data.resolve().parent.parent
+    for meta in sorted(data.rglob("*.meta.json")):
+        for capture in json.loads(meta.read_text()).get("captures") or []:
+            source = (root / capture).resolve()
+            if any(source.is_relative_to(r.resolve()) for r in left):
+                raise Incomparable(f"{meta}: built from {capture}, of a run the results do not name: rebuild it "
+                                   "with the results' batches before freezing")
+    return left
 
 
 def is_left(rel: Path, left_rel: list[Path]) -> bool:
@@ -247,7 +270,7 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
         check_study_results(src, partial)
         origin = {"hardware": code["hardware"], "commit": "; ".join(code["commits"]), "torch": code["torch"],
                   "code": code["code"]}
-        if partial:
+        if left:  # a partial freeze of a finished study is a whole one
             origin["partial"] = (len(frozen), len(left))
     else:
         origin = check_same_origin(results)

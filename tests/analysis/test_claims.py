@@ -70,3 +70,38 @@ def test_verdicts_and_seed_counts_are_read_from_the_evidence(tmp_path):
                                                  "above 0)")
     assert claims.ablations(tmp_path).endswith("(2-3 seeds)")
     assert "not resolved (the interval spans 0)" in claims.convergence(REPO)
+
+
+def test_the_tp_study_row_reads_every_degree_and_the_freeze_s_readme(tmp_path):
+    """The TP study's row as the whole study will give it: each degree largest first, a verdict
+    without its 90% aside, a degree without paired seeds said so (no nan), other wire formats not
+    quoted; whether the freeze was partial, and its command, read from the folder's README."""
+    import pandas as pd
+
+    ref = REPO / claims.STUDY_TP
+    summary = pd.read_csv(ref / "results" / "tp_summary.csv")
+    fq = summary[summary.config == "fp4quant"].iloc[0]
+    rows = [fq.to_dict() | {"tp": 2, "diff_mean": 0.001, "ci_low": -0.01, "ci_high": 0.012,
+                            "verdict": "within the margin"},
+            fq.to_dict() | {"tp": 8, "verdict": "not resolved, by 0.012 nats (the 90% interval reaches +0.062)"},
+            fq.to_dict() | {"tp": 4, "n_pairs": float("nan"), "diff_mean": float("nan"), "verdict": float("nan")},
+            fq.to_dict() | {"tp": 8, "config": "nvfp4", "verdict": "outside the margin"}]
+    results = tmp_path / claims.STUDY_TP / "results"
+    results.mkdir(parents=True)
+    pd.concat([summary, pd.DataFrame(rows)]).to_csv(results / "tp_summary.csv", index=False)
+    (tmp_path / claims.STUDY_TP / "bench").mkdir()
+    (tmp_path / claims.STUDY_TP / "bench" / "reduced_error_summary.csv").write_bytes(
+        (ref / "bench" / "reduced_error_summary.csv").read_bytes())
+    readme = (REPO / claims.STUDY_TP_FOLDER / "README.md").read_text()
+    (tmp_path / claims.STUDY_TP_FOLDER / "README.md").write_text(readme)
+    ours = claims.convergence_tp(tmp_path)
+    degrees = re.findall(r"TP = (\d+):", ours)
+    assert degrees == ["16", "8", "4", "2"], ours
+    assert "TP = 8: " in ours and "not resolved, by 0.012 nats;" in ours and "(the 90%" not in ours, ours
+    assert "TP = 4: no paired seeds yet" in ours and "nan" not in ours and "outside the margin" not in ours, ours
+    assert ours.endswith("(frozen before the study's later batches)") == ("- partial:" in readme), ours
+    whole = "\n".join(line for line in readme.splitlines() if not line.startswith("- partial:")).replace(
+        " workflow/config/study_tp_batch1.yaml", "")
+    (tmp_path / claims.STUDY_TP_FOLDER / "README.md").write_text(whole)
+    assert not claims.convergence_tp(tmp_path).endswith("later batches)")
+    assert claims.study_tp_command(tmp_path).endswith("--configfile workflow/config/study_tp.yaml`")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tarfile
 
 import numpy as np
@@ -245,6 +246,21 @@ def test_a_study_of_several_commits_freezes_with_its_training_code(tmp_path, cap
     assert len(err) == 1 and "mixed runs" in err[0] and "training code" in err[0], err
 
 
+def build_results(src, runs):
+    """The study's results over ``runs`` (run folders under ``src``, the profile's folder)."""
+    assert analysis_main(["study-tp", "--profile", "study_tp", "--runs", *map(str, runs), "--margin", "0.05",
+                          "--order", "bf16", "fp4quant", "--out-dir", str(src / "results"),
+                          "--figure", str(src / "figures" / "loss_gap_tp.pdf")]) == 0
+
+
+def freeze_study(tmp_path, capsys, to, *flags):
+    """freeze --study of tmp_path/data/study_tp into tmp_path/to: its exit code and error lines."""
+    capsys.readouterr()
+    rc = analysis_main(["freeze", "--profile", "study_tp", "--data", str(tmp_path / "data"), "--study", *flags,
+                        "--produced-by", "snakemake study_tp", "--to", str(tmp_path / to)])
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
 def test_freeze_refuses_study_results_older_than_its_runs(tmp_path, capsys):
     """freeze --study: results built before a run was added, or before one was retrained, are
     stale; each refused in one line naming the run, and the TP degrees they span are allowed."""
@@ -253,15 +269,10 @@ def test_freeze_refuses_study_results_older_than_its_runs(tmp_path, capsys):
             for tp in (2, 16) for c in ("bf16", "fp4quant") for s in (0, 1)]
 
     def results(of):
-        assert analysis_main(["study-tp", "--profile", "study_tp", "--runs", *map(str, of), "--margin", "0.05",
-                              "--order", "bf16", "fp4quant", "--out-dir", str(src / "results"),
-                              "--figure", str(src / "figures" / "loss_gap_tp.pdf")]) == 0
+        build_results(src, of)
 
     def freeze(to):
-        capsys.readouterr()
-        rc = analysis_main(["freeze", "--profile", "study_tp", "--data", str(tmp_path / "data"), "--study",
-                            "--produced-by", "snakemake study_tp", "--to", str(tmp_path / to)])
-        return rc, capsys.readouterr().err.strip().splitlines()
+        return freeze_study(tmp_path, capsys, to)
 
     results(runs[:-1])  # before the last run was trained
     rc, err = freeze("a")
@@ -273,7 +284,8 @@ def test_freeze_refuses_study_results_older_than_its_runs(tmp_path, capsys):
     rc, err = freeze("b")
     assert rc == 2 and len(err) == 1 and "tp2/bf16/seed0" in err[0] and "retrained" in err[0], err
     results(runs)
-    assert freeze("c")[0] == 0
+    rc, err = freeze("c")
+    assert rc == 0, err
 
 
 def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, capsys):
@@ -290,21 +302,23 @@ def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, cap
     (src / "logs").mkdir()
     for run in ("tp16_bf16_seed0", "tp8_bf16_seed0"):
         (src / "logs" / f"tp_train_{run}.log").write_text("trained\n")
-    assert analysis_main(["study-tp", "--profile", "study_tp", "--runs", *map(str, named), "--margin", "0.05",
-                          "--order", "bf16", "fp4quant", "--out-dir", str(src / "results"),
-                          "--figure", str(src / "figures" / "loss_gap_tp.pdf")]) == 0
+    build_results(src, named)
 
-    def freeze(to, *extra):
-        capsys.readouterr()
-        rc = analysis_main(["freeze", "--profile", "study_tp", "--data", str(tmp_path / "data"), *extra,
-                            "--produced-by", "snakemake study_tp", "--to", str(tmp_path / to)])
-        return rc, capsys.readouterr().err.strip().splitlines()
+    def freeze(to, *flags):
+        return freeze_study(tmp_path, capsys, to, *flags)
 
-    rc, err = freeze("whole", "--study")
-    assert rc == 2 and len(err) == 1 and "tp8/bf16/seed0" in err[0], err
-    rc, err = freeze("not-a-study", "--partial")
-    assert rc == 2 and len(err) == 1 and "--study" in err[0], err
-    assert freeze("first", "--study", "--partial")[0] == 0
+    rc, err = freeze("whole")
+    assert rc == 2 and len(err) == 1 and "tp8/bf16/seed0" in err[0], err  # unfinished
+    shutil.move(unfinished, tmp_path / "aside")
+    rc, err = freeze("whole-finished")
+    assert rc == 2 and len(err) == 1 and "tp2/bf16/seed0" in err[0] and "no table" in err[0], err
+    shutil.move(tmp_path / "aside", unfinished)
+    capsys.readouterr()
+    assert analysis_main(["freeze", "--profile", "study_tp", "--data", str(tmp_path / "data"), "--partial",
+                          "--to", str(tmp_path / "not-a-study")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--study" in err[0], err
+    assert freeze("first", "--partial")[0] == 0
     ref = tmp_path / "first"
     kept = sorted(p.relative_to(ref / "data/study_tp/tp_runs").parent.as_posix()
                   for p in (ref / "data/study_tp/tp_runs").rglob("summary.json"))
@@ -316,9 +330,47 @@ def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, cap
     assert not [n for n in names if "tp8" in n or "tp2/" in n], names
     readme = (ref / "README.md").read_text()
     assert "- partial: the study's first batches, the 4 runs its results name; 2 more" in readme, readme
-    assert "--study --partial" in readme and later.exists()
+    assert "--study --partial" in readme
     summary = json.loads((named[0] / "summary.json").read_text())
     summary["val_loss"] += 0.01  # a named run retrained after the results: still stale when partial
     (named[0] / "summary.json").write_text(json.dumps(summary))
-    rc, err = freeze("stale", "--study", "--partial")
+    rc, err = freeze("stale", "--partial")
     assert rc == 2 and len(err) == 1 and "retrained" in err[0], err
+
+
+def test_a_partial_freeze_refuses_what_would_leave_it_stale(tmp_path, capsys):
+    """freeze --study --partial leaves behind only runs the results could not have named: a
+    finished run beside the runs they name is newer than them, a benchmark built from a run left
+    behind mixes batches, and results naming no run freeze nothing; each refused in one line."""
+    src = tmp_path / "data" / "study_tp"
+    named = [tp_run(src / "tp_runs", 16, c, s, [2.0 + 0.01 * s, 2.1, 2.05])
+             for c in ("bf16", "fp4quant") for s in (0, 1)]
+    later = tp_run(src / "tp_runs", 2, "bf16", 0, [2.0, 2.1, 2.05])
+
+    def results(of):
+        build_results(src, of)
+
+    def freeze(to):
+        return freeze_study(tmp_path, capsys, to, "--partial")
+
+    results(named[1:])  # built before tp16/bf16/seed0 finished
+    rc, err = freeze("a")
+    assert rc == 2 and len(err) == 1 and "tp16/bf16/seed0" in err[0] and "older than it" in err[0], err
+    results(named)
+    bench = src / "bench"
+    bench.mkdir()
+    (bench / "reduced_error.csv.meta.json").write_text(json.dumps(
+        {"captures": [f"data/study_tp/tp_runs/tp{tp}/bf16/seed0/traffic" for tp in (16, 2)]}))
+    rc, err = freeze("b")
+    assert rc == 2 and len(err) == 1 and "tp2/bf16/seed0/traffic" in err[0] and "reduced_error" in err[0], err
+    (bench / "reduced_error.csv.meta.json").write_text(json.dumps(
+        {"captures": ["data/study_tp/tp_runs/tp16/bf16/seed0/traffic"]}))
+    rc, err = freeze("c")
+    assert rc == 0, err
+    shutil.rmtree(later)  # nothing left behind: the freeze is a whole one
+    assert freeze("d")[0] == 0 and "partial" not in (tmp_path / "d/README.md").read_text().split("commit:")[1]
+    for r in named:
+        shutil.rmtree(r)
+    tp_run(src / "tp_runs", 2, "fp4quant", 0, [2.0, 2.1, 2.05])
+    rc, err = freeze("e")
+    assert rc == 2 and len(err) == 1 and "name none of its 1 training runs" in err[0], err

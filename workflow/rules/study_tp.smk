@@ -77,6 +77,9 @@ if STUDY_TP:
     TP_RESULT_RUNS = (TP_ALL_RUNS if _through is None
                       else list(dict.fromkeys(r for b in TP_BATCHES[:_through] for r in b)))
     TP_RESULT_TRAFFIC_RUNS = [r for r in TP_TRAFFIC_RUNS.values() if r in TP_RESULT_RUNS]
+    if not TP_RESULT_TRAFFIC_RUNS:
+        raise ValueError(f"study_tp.results_through_batch is {_through}: batches 1 .. {_through} hold no TP degree's "
+                         f"bf16 run of seed {min(tp_seeds('bf16'))}, whose traffic the SQNR against TP reduces")
 
     for _i, _runs in enumerate(TP_BATCHES, start=1):
 
