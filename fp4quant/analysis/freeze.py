@@ -119,8 +119,8 @@ def check_study_results(data: Path, partial: bool = False) -> None:
     with the final validation loss its summary.json records.  Results built before a run was added
     or retrained are stale: one line naming the run."""
     tables = compared_runs(data)
-    named = {r.resolve() for runs in tables.values() for r in runs}
-    unnamed = [r for r in training_runs(data) if r.resolve() not in named]
+    named = results_runs(data)
+    unnamed = [r for r in training_runs(data) if r not in named]
     if unnamed and not partial:
         raise Incomparable(f"{unnamed[0]}: a run no table of {data}/results names (the results are older than it): "
                            "rebuild the study's results before freezing")
