@@ -194,7 +194,8 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
     bf16 and fp4quant at TP = 16 on every seed with --simulate-tp, the BF16 run of the first seed
     saving its traffic; the controls' batch runs exact at TP 2 and 1 and BF16's rounding alone at
     TP 1 (--rounding-alone, no --simulate-tp); `study_tp` needs all of them, or with the
-    study_tp_batch1.yaml overlay batch 1's alone, its SQNR from TP = 16's traffic (dry runs)."""
+    study_tp_batch1.yaml overlay batch 1's alone, its SQNR from TP = 16's traffic, and with
+    study_tp_batch2.yaml batches 1-2, its SQNR from every degree's traffic (dry runs)."""
     import re
 
     config = REPO / "workflow/config/study_tp.yaml"
@@ -234,6 +235,14 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
     assert sorted(out for _, out in headline) == sorted(out for _, out in first)
     captures = re.findall(r"--captures (.*?) --presets", printed[-1])
     assert captures == ["data/study_tp/tp_runs/small-mha/tp16/bf16/seed0/traffic"], captures
+    # study_tp_batch2.yaml: bf16 and fp4quant at every degree, the SQNR from every degree's traffic
+    both = dry_run("study_tp", str(REPO / "workflow/config/study_tp_batch2.yaml"))
+    assert sorted(out for _, out in both) == sorted(f"data/study_tp/tp_runs/small-mha/tp{t}/{c}/seed{s}"
+                                                    for t in (16, 8, 4, 2) for c in ("bf16", "fp4quant")
+                                                    for s in range(5))
+    (captures,) = re.findall(r"--captures (.*?) --presets", printed[-1])
+    assert sorted(captures.split()) == sorted(f"data/study_tp/tp_runs/small-mha/tp{t}/bf16/seed0/traffic"
+                                              for t in (16, 8, 4, 2)), captures
 
 
 def test_a_study_keyed_on_the_training_code_refuses_a_tree_git_cannot_read(tmp_path):
