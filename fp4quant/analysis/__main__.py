@@ -1,8 +1,9 @@
-"""`python -m fp4quant.analysis collect|throughput|ablation|study|study-tp|figure|table|freeze ...`: the workflow's analysis steps.
+"""`python -m fp4quant.analysis collect|throughput|ablation|study|study-tp|figure|table|freeze|thaw ...`: the workflow's analysis steps.
 
 Each step first checks that its inputs come from one machine, commit and torch version
 (.origin), and that the training runs it puts side by side are complete and belong together
-(.comparable), and refuses otherwise in one line; `freeze` copies a complete run into a reference folder.
+(.comparable), and refuses otherwise in one line; `freeze` copies a complete run into a reference folder,
+and `thaw` puts a frozen study back under data/ to resume it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .figures import FIGURES
 from .freeze import freeze
 from .origin import MixedOrigin, check_same_origin, check_same_training_code, origin_of_frame
 from .tables import TABLES as PAPER_TABLES
+from .thaw import thaw
 
 TABLES = (*PAPER_TABLES, "regime")
 
@@ -131,7 +133,9 @@ def cmd_study_tp(a) -> None:
 
 
 def cmd_study_tp_sqnr(a) -> None:
-    check_same_origin([Path(a.summary)])
+    # each degree is measured in the sitting that trains its capture (bench.reduced_error --parts):
+    # its rows may span commits and CPUs, of one torch
+    check_same_origin([Path(a.summary)], keys=("torch",))
     study_tp.sqnr_figure(pd.read_csv(a.summary), a.out, a.profile)
 
 
@@ -292,6 +296,9 @@ def main(argv=None) -> int:
                         "its own folder, its runs of one training code over several commits and machines")
     z.add_argument("--partial", action="store_true",
                    help="with --study: freeze the runs its results name (its first batches) and leave the rest behind")
+    w = sub.add_parser("thaw", help="put a frozen study back under data/, where the workflow resumes it")
+    w.add_argument("--from", dest="ref", required=True, help="the study's frozen folder, e.g. reference/study-tp")
+    w.add_argument("--data", default="data", help="the folder holding <profile>/")
     k = sub.add_parser("claims", help="the README's claims table, from the canonical evidence (reference/, data/)")
     k.add_argument("--root", default=".", help="the repository root the evidence paths are relative to")
     k.add_argument("--check", default=None, metavar="README",
@@ -300,6 +307,11 @@ def main(argv=None) -> int:
     try:
         if a.command == "claims":
             return cmd_claims(a)
+        if a.command == "thaw":
+            done = thaw(a.ref, a.data)
+            print(f"thawed {a.ref} into {a.data}/{done['profile']}: {done['runs']} runs, {done['written']} files written, "
+                  f"{done['kept']} already there", file=sys.stderr)
+            return 0
         if a.command == "freeze":
             origin = freeze(a.profile, a.to, a.data, a.figures, a.tables, a.produced_by, study=a.study,
                             partial=a.partial)

@@ -9,7 +9,10 @@ come from one machine, commit and torch (see .origin), whose figures and tables 
 for another profile or are missing, with a training run that is not complete, or with a
 table comparing runs that do not belong together (see .comparable).  A study keyed on the
 training code (``--study``) may be frozen before all its batches are done (``--partial``): the runs
-its results name go in, the others stay behind, and the README says how many.
+its results name go in; the finished runs of later batches (with the benchmarks built from them
+alone) are carried in <to>/carried.tar.xz, which the results do not read, so that
+``python -m fp4quant.analysis thaw`` can resume the study on another machine (.thaw); unfinished
+runs stay behind, and the README says how many of each.
 
 A frozen run stays small (``slim``): what a reviewer reads stays as plain files (the README,
 figures, tables, result and benchmark CSVs with their .meta.json, each run's summary.json,
@@ -55,6 +58,8 @@ COMPARED_TABLES = {"training.csv": (), "curves.csv": (), "throughput.csv": (), "
 # files are all raw (as runs of path parts: the unit tests' output, the step model's validation
 # with its probes and runs), and the size above which a CSV is kept xz-compressed
 RAW_ARCHIVE = "raw.tar.xz"
+# a partial freeze's finished runs of later batches, whole (summary.json beside the raw logs)
+CARRIED_ARCHIVE = "carried.tar.xz"
 RAW_FOLDERS = (("logs",), ("tests",), ("cluster", "validation"))
 BIG_CSV_BYTES = 64_000
 # the kinds of raw logs, as the README names what the archive holds
@@ -159,6 +164,22 @@ def is_raw(rel: Path) -> bool:
             or any(parts[i:i + len(f)] == f for f in RAW_FOLDERS for i in range(len(parts))))
 
 
+def pack(folder: Path, files: list[Path], archive: Path) -> None:
+    """Move ``files`` (under ``folder``) into the xz tar ``archive``, under their paths relative to
+    ``folder``: owner-free entries in a fixed order, so that the same files give the same archive."""
+    if not files:
+        return
+    with tarfile.open(archive, "w:xz") as tar:
+        for p in files:
+            info = tar.gettarinfo(p, arcname=p.relative_to(folder).as_posix())
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with open(p, "rb") as f:
+                tar.addfile(info, f)
+    for p in files:
+        p.unlink()
+
+
 def slim(folder: str | Path) -> dict[str, list[str]]:
     """Put a frozen run into the slim layout (the module's docstring): its raw logs (is_raw) into
     ``folder``/RAW_ARCHIVE under their paths relative to ``folder``, and each CSV over BIG_CSV_BYTES
@@ -171,16 +192,7 @@ def slim(folder: str | Path) -> dict[str, list[str]]:
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     raw = [p for p in files if is_raw(p.relative_to(folder))]
     big = [p for p in files if p.suffix == ".csv" and p not in raw and p.stat().st_size > BIG_CSV_BYTES]
-    if raw:
-        with tarfile.open(archive, "w:xz") as tar:
-            for p in raw:  # owner-free entries in a fixed order: the same files give the same archive
-                info = tar.gettarinfo(p, arcname=p.relative_to(folder).as_posix())
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                with open(p, "rb") as f:
-                    tar.addfile(info, f)
-    for p in raw:
-        p.unlink()
+    pack(folder, raw, archive)
     for p in big:
         p.with_name(p.name + ".xz").write_bytes(lzma.compress(p.read_bytes()))
         p.unlink()
@@ -191,33 +203,57 @@ def slim(folder: str | Path) -> dict[str, list[str]]:
             "compressed": [p.relative_to(folder).as_posix() for p in big]}
 
 
-def left_behind(data: Path) -> frozenset[Path]:
-    """The training runs under ``data`` that a study's results do not name, which a partial freeze
-    leaves behind: unfinished, or of configurations (run folders' parents) the results do not cover
-    yet.  One line for what would leave a result stale or a file mislaid: results naming no run, a
-    finished run beside runs they name (the results are older than it), a result built from a run
-    left behind (a ``*.meta.json`` naming it among its ``captures``), a run outside the TP study's
-    layout (whose job logs is_left could not tell)."""
+def left_behind(data: Path) -> tuple[frozenset[Path], frozenset[Path]]:
+    """The training runs under ``data`` that a study's results do not name, as a partial freeze
+    splits them: (carried, left).  Carried: finished runs of configurations (run folders' parents)
+    the results do not cover yet; left behind: unfinished runs.  One line for what would leave a
+    result stale or a file mislaid: results naming no run, a finished run beside runs they name (the
+    results are older than it), a result built from a run left behind or from runs of both kinds
+    (a ``*.meta.json`` naming them among its ``captures``), a run outside the TP study's layout
+    (whose job logs is_left could not tell)."""
     runs, named = training_runs(data), results_runs(data)
     if not named:
         raise Incomparable(f"the results of {data} name none of its {len(runs)} training runs: build the results "
                            "of the batches to freeze first")
-    left = frozenset(runs) - frozenset(named)
+    unnamed = frozenset(runs) - frozenset(named)
     covered = {r.parent for r in named}
-    for r in sorted(left):
+    for r in sorted(unnamed):
         if r.relative_to(data).parts[0] != "tp_runs":
             raise ValueError(f"{r}: --partial knows the TP study's layout only (runs under {data}/tp_runs)")
         if (r / "summary.json").exists() and r.parent in covered:
             raise Incomparable(f"{r}: a finished run beside runs the results name, which they do not (the results "
                                "are older than it): rebuild the study's results before freezing")
-    root = data.resolve().parent.parent
+    finished = frozenset(r for r in unnamed if all((r / name).is_file() for name in RUN_FILES))
+    left = unnamed - finished
     for meta in sorted(data.rglob("*.meta.json")):
-        for capture in json.loads(meta.read_text()).get("captures") or []:
-            source = (root / capture).resolve()
-            if any(source.is_relative_to(r.resolve()) for r in left):
-                raise Incomparable(f"{meta}: built from {capture}, of a run the results do not name: rebuild it "
-                                   "with the results' batches before freezing")
-    return left
+        sources = captured_runs(data, meta, runs)
+        if sources & left:
+            capture = sorted(sources & left)[0]
+            raise Incomparable(f"{meta}: built from {capture}, of a run the results do not name: rebuild it "
+                               "with the results' batches before freezing")
+        if sources & finished and sources - finished:
+            raise Incomparable(f"{meta}: built from {sorted(sources & finished)[0]}, of a later batch, and from "
+                               f"{sorted(sources - finished)[0]}, which the results name: rebuild it with the "
+                               "results' batches before freezing")
+    return finished, left
+
+
+def captured_runs(data: Path, meta: Path, runs: list[Path]) -> frozenset[Path]:
+    """The training runs (of ``runs``) whose captured traffic a result was built from, as its
+    ``*.meta.json`` names them among its ``captures``."""
+    root = data.resolve().parent.parent
+    sources = [(root / c).resolve() for c in json.loads(meta.read_text()).get("captures") or []]
+    return frozenset(r for r in runs for s in sources if s.is_relative_to(r.resolve()))
+
+
+def built_from_only(data: Path, path: Path, runs: frozenset[Path]) -> bool:
+    """Whether a result (``path``, or the file a ``*.meta.json`` describes) was built from captures of
+    ``runs`` alone (its own ``*.meta.json`` names them)."""
+    meta = path if path.name.endswith(".meta.json") else path.with_name(path.name + ".meta.json")
+    if not runs or not meta.is_file():
+        return False
+    sources = captured_runs(data, meta, training_runs(data))
+    return bool(sources) and sources <= runs
 
 
 def is_left(rel: Path, left_rel: list[Path]) -> bool:
@@ -247,9 +283,10 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
         raise FileNotFoundError(f"{src}/results: no results of profile {profile} to freeze (run the workflow first)")
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"{dest} already holds something; freeze into a new folder")
-    left = left_behind(src) if partial else frozenset()
-    left_rel = [r.relative_to(src) for r in left]
+    carried, left = left_behind(src) if partial else (frozenset(), frozenset())
+    left_rel, carried_rel = [r.relative_to(src) for r in left], [r.relative_to(src) for r in carried]
     files = [p for p in run_files(src) if not is_left(p.relative_to(src), left_rel)]
+    carried_files = [p for p in files if is_left(p.relative_to(src), carried_rel) or built_from_only(src, p, carried)]
     made = [] if study else made_from_run(Path(figures), Path(tables), src)
     missing = [str(p) for p in made if not p.exists()]
     if missing:
@@ -270,8 +307,8 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
         check_study_results(src, partial)
         origin = {"hardware": code["hardware"], "commit": "; ".join(code["commits"]), "torch": code["torch"],
                   "code": code["code"]}
-        if left:  # a partial freeze of a finished study is a whole one
-            origin["partial"] = (len(frozen), len(left))
+        if left or carried:  # a partial freeze of a finished study is a whole one
+            origin["partial"] = (len(frozen) - len(carried), len(carried), len(left))
     else:
         origin = check_same_origin(results)
     check_training_runs(src, left)
@@ -288,6 +325,7 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
         target = dest / ("figures" if p.suffix == ".pdf" else "tables") / p.name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(p, target)
+    pack(dest, [dest / "data" / profile / p.relative_to(src) for p in carried_files], dest / CARRIED_ARCHIVE)
     packed = slim(dest)
     (dest / "README.md").write_text(readme(profile, dest, origin, command, packed))
     return origin
@@ -309,6 +347,19 @@ def packed_paragraph(packed: dict[str, list[str]]) -> str:
     return f"Kept small: {'; '.join(said)}.\n\n" if said else ""
 
 
+def partial_line(profile: str, dest: Path, named: int, carried: int, left: int) -> str:
+    """The README's line on a partial freeze: the runs the results name, those carried, those left."""
+    line = f"- partial: the study's first batches, the {named} runs its results name"
+    if carried:
+        runs = "1 finished run of a later batch is" if carried == 1 else f"{carried} finished runs of later batches are"
+        line += (f"; {runs} carried in `{CARRIED_ARCHIVE}`, which the results "
+                 f"do not read (`python -m fp4quant.analysis thaw --from {dest}` puts them and this folder's runs back "
+                 f"under data/{profile}, where the workflow resumes the study)")
+    if left:
+        line += f"; {left} unfinished under data/{profile} were left behind"
+    return line + "\n"
+
+
 def readme(profile: str, dest: Path, origin: dict, command: str,
            packed: dict[str, list[str]] | None = None) -> str:
     hardware = "; ".join(origin["hardware"])
@@ -325,9 +376,7 @@ def readme(profile: str, dest: Path, origin: dict, command: str,
         f"- commit: {origin['commit']}\n"
         + (f"- training code: {origin['code']} (fp4quant.provenance.code_digest: the runs span the commits above, "
            "all of this one training code)\n" if "code" in origin else "")
-        + (f"- partial: the study's first batches, the {origin['partial'][0]} runs its results name; "
-           f"{origin['partial'][1]} more under data/{profile} (unfinished, or of later batches) were left behind\n"
-           if "partial" in origin else "") +
+        + (partial_line(profile, dest, *origin["partial"]) if "partial" in origin else "") +
         f"- torch: {origin['torch']}\n\n"
         f"`data/{profile}/`: the workflow's run summaries, benchmark CSVs and tidy results "
         + ("(without token files, checkpoints and captured traffic); its `figures/`: the study's figures.\n"

@@ -16,11 +16,20 @@ preset): the SQNR of the result against the exact sum, and of one rank's message
 
 ``<out stem>_summary.csv``: per (TP, direction, preset) the median, min and max over the
 tensors of both SQNRs, and the pooled (energy-weighted) SQNR of the reduced tensors.
+
+    python -m fp4quant.bench.reduced_error --parts OUT_TP2.csv OUT_TP16.csv ... --out reduced_error.csv
+
+joins outputs of this tool, one TP degree each, into one (rows as measured, the summary anew): a
+study's degrees finish in different sittings, and a capture, too big to keep, goes with its
+sitting, so each degree is measured as its run ends.  The parts must agree on the presets, the
+calls kept, the torch and the code, and hold different TP degrees; their captures are the join's.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 import math
 import statistics
 import sys
@@ -125,9 +134,44 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
+STAMP = ("hardware", "torch", "commit")  # each row's origin, from the provenance of its run of this tool
+NUMBERS = {"tp": int, "step": int, "call": int, "numel": int, "sqnr_db": float, "single_sqnr_db": float,
+           "energy": float, "error_energy": float}
+AGREED = ("presets", "max_calls", "torch", "code")  # what the parts of one join must share
+
+
+def join(parts: list[str]) -> tuple[list[dict], dict]:
+    """The rows of several outputs of this tool (one TP degree each) and the provenance they share
+    ({"captures": all of theirs, AGREED: theirs}); one line naming the parts that disagree."""
+    rows, metas = [], {}
+    for part in parts:
+        meta = Path(part + ".meta.json")
+        if not Path(part).is_file() or not meta.is_file():
+            raise FileNotFoundError(f"{part if not Path(part).is_file() else meta} is missing: each part is an output "
+                                    "of this tool with its .meta.json")
+        metas[part] = json.loads(meta.read_text())
+        with open(part, newline="") as f:
+            part_rows = [{k: NUMBERS.get(k, str)(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        tps = sorted({r["tp"] for r in part_rows})
+        seen = sorted({r["tp"] for r in rows} & set(tps))
+        if seen:
+            raise ValueError(f"{part}: TP {seen[0]} is in an earlier part too: one part per TP degree")
+        rows += part_rows
+    first = parts[0]
+    for key in AGREED:
+        other = next((p for p in parts if metas[p].get(key) != metas[first].get(key)), None)
+        if other:
+            raise ValueError(f"{first} and {other} differ in {key} ({metas[first].get(key)} against "
+                             f"{metas[other].get(key)}): measure them alike")
+    shared = {k: metas[first].get(k) for k in AGREED}
+    return rows, {"captures": [c for p in parts for c in metas[p].get("captures") or []], **shared}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fp4quant.bench.reduced_error", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--captures", nargs="+", required=True, help="capture folders, one per TP degree")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--captures", nargs="+", help="capture folders, one per TP degree")
+    source.add_argument("--parts", nargs="+", help="outputs of this tool to join, one TP degree each")
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--max-calls", type=int, default=None,
                     help="at most this many calls per step and direction, evenly spaced (default: all)")
@@ -137,19 +181,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.max_calls is not None and a.max_calls < 2:
         ap.error(f"--max-calls {a.max_calls}: at least 2 (the first and the last call of each step)")
     try:
-        for p in presets:
-            CommConfig.from_preset(p)
-        rows = measure(a.captures, presets, a.max_calls)
+        if a.parts:
+            rows, joined = join(a.parts)
+            prov = {**provenance(parts=a.parts), **joined}
+        else:
+            for p in presets:
+                CommConfig.from_preset(p)
+            prov = provenance(captures=a.captures, presets=presets, max_calls=a.max_calls)
+            rows = [{**r, **{k: prov[k] for k in STAMP}} for r in measure(a.captures, presets, a.max_calls)]
     except (FileNotFoundError, ValueError) as exc:
         print(f"fp4quant.bench.reduced_error: error: {exc}", file=sys.stderr)
         return 2
     out = Path(a.out)
-    prov = provenance(captures=a.captures, presets=presets, max_calls=a.max_calls)
-    stamp = {"hardware": prov["hardware"], "torch": prov["torch"], "commit": prov["commit"]}
     summary = out.with_name(out.stem + "_summary.csv")
-    atomic_write_csv(out, [{**r, **stamp} for r in rows])
+    stamps = {r["tp"]: {k: r[k] for k in STAMP} for r in rows}  # a degree's rows come from one run of this tool
+    atomic_write_csv(out, rows)
     atomic_write_json(str(out) + ".meta.json", prov)
-    atomic_write_csv(summary, [{**r, **stamp} for r in summarize(rows)])
+    atomic_write_csv(summary, [{**r, **stamps[r["tp"]]} for r in summarize(rows)])
     atomic_write_json(str(summary) + ".meta.json", prov)
     print(f"wrote {out} ({len(rows)} rows) and {summary}", file=sys.stderr)
     return 0

@@ -102,11 +102,20 @@ def test_the_cli_writes_tables_and_the_figures(runs, tmp_path, capsys):
     summary = tmp_path / "reduced_error_summary.csv"
     pd.DataFrame([{"tp": tp, "direction": d, "preset": p, "tensors": 3, "sqnr_db_median": 20 - tp / 4,
                    "sqnr_db_min": 19 - tp / 4, "sqnr_db_max": 21 - tp / 4, "sqnr_db_pooled": 20.0,
-                   "single_sqnr_db_median": 20.0, "single_sqnr_db_min": 19.0, "single_sqnr_db_max": 21.0, **PROV}
+                   "single_sqnr_db_median": 20.0, "single_sqnr_db_min": 19.0, "single_sqnr_db_max": 21.0, **PROV,
+                   # each degree measured in the sitting that trained its capture: commits and CPUs differ
+                   **({"commit": "def456", "hardware": "Intel(R) Xeon(R) Processor, 2 cores (CPU)"} if tp == 2 else {})}
                   for tp in (2, 16) for d in ("fwd", "bwd") for p in ("bf16", "fp4quant")]).to_csv(summary, index=False)
     assert analysis_main(["study-tp-sqnr", "--profile", "study_tp", "--summary", str(summary),
                           "--out", str(tmp_path / "sqnr.pdf")]) == 0
     assert (tmp_path / "sqnr.pdf").read_bytes().startswith(b"%PDF")
+    frame = pd.read_csv(summary)
+    frame.loc[frame.tp == 2, "torch"] = "2.12.0+cpu"  # but one torch
+    frame.to_csv(summary, index=False)
+    capsys.readouterr()
+    assert analysis_main(["study-tp-sqnr", "--profile", "study_tp", "--summary", str(summary),
+                          "--out", str(tmp_path / "sqnr2.pdf")]) == 2
+    assert "2.12.0+cpu" in capsys.readouterr().err
 
 
 def test_runs_of_another_model_are_refused_in_one_line(runs, tmp_path, capsys):
@@ -290,8 +299,9 @@ def test_freeze_refuses_study_results_older_than_its_runs(tmp_path, capsys):
 
 def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, capsys):
     """freeze --study --partial: the study's first batches frozen while the others gather; the runs
-    its results name go in, an unfinished run (and its job's log) and a finished run of a later
-    batch stay behind, and the README says so.  Without --partial the same folder is refused."""
+    its results name go in, a finished run of a later batch is carried apart (with its job's log),
+    an unfinished run (and its job's log) stays behind, and the README says so.  Without --partial
+    the same folder is refused."""
     src = tmp_path / "data" / "study_tp"
     named = [tp_run(src / "tp_runs", 16, c, s, [2.0 + 0.01 * s, 2.1, 2.05])
              for c in ("bf16", "fp4quant") for s in (0, 1)]
@@ -300,7 +310,7 @@ def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, cap
     (unfinished / "checkpoints").mkdir(parents=True)
     (unfinished / "log.jsonl").write_text(json.dumps({"step": 0, "loss": 2.3}) + "\n")
     (src / "logs").mkdir()
-    for run in ("tp16_bf16_seed0", "tp8_bf16_seed0"):
+    for run in ("tp16_bf16_seed0", "tp8_bf16_seed0", "tp2_bf16_seed0"):
         (src / "logs" / f"tp_train_{run}.log").write_text("trained\n")
     build_results(src, named)
 
@@ -327,9 +337,16 @@ def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, cap
     with tarfile.open(ref / "raw.tar.xz") as tar:
         names = tar.getnames()
     assert "data/study_tp/logs/tp_train_tp16_bf16_seed0.log" in names, names
-    assert not [n for n in names if "tp8" in n or "tp2/" in n], names
+    assert not [n for n in names if "tp8" in n or "tp2" in n], names
+    with tarfile.open(ref / "carried.tar.xz") as tar:
+        carried = sorted(tar.getnames())
+    assert carried == ["data/study_tp/logs/tp_train_tp2_bf16_seed0.log",
+                       "data/study_tp/tp_runs/tp2/bf16/seed0/log.jsonl",
+                       "data/study_tp/tp_runs/tp2/bf16/seed0/summary.json"], carried
     readme = (ref / "README.md").read_text()
-    assert "- partial: the study's first batches, the 4 runs its results name; 2 more" in readme, readme
+    assert ("- partial: the study's first batches, the 4 runs its results name; 1 finished run of a later batch is "
+            "carried in `carried.tar.xz`") in readme, readme
+    assert "; 1 unfinished under data/study_tp were left behind" in readme, readme
     assert "--study --partial" in readme
     summary = json.loads((named[0] / "summary.json").read_text())
     summary["val_loss"] += 0.01  # a named run retrained after the results: still stale when partial
@@ -362,11 +379,24 @@ def test_a_partial_freeze_refuses_what_would_leave_it_stale(tmp_path, capsys):
     (bench / "reduced_error.csv.meta.json").write_text(json.dumps(
         {"captures": [f"data/study_tp/tp_runs/tp{tp}/bf16/seed0/traffic" for tp in (16, 2)]}))
     rc, err = freeze("b")
-    assert rc == 2 and len(err) == 1 and "tp2/bf16/seed0/traffic" in err[0] and "reduced_error" in err[0], err
+    assert rc == 2 and len(err) == 1 and "tp2/bf16/seed0" in err[0] and "reduced_error" in err[0], err
+    assert "later batch" in err[0], err
     (bench / "reduced_error.csv.meta.json").write_text(json.dumps(
         {"captures": ["data/study_tp/tp_runs/tp16/bf16/seed0/traffic"]}))
+    # a benchmark of the later batch's run alone is carried with it
+    pd.DataFrame([{"tp": 2, "sqnr_db": 13.5, **PROV}]).to_csv(bench / "reduced_error_tp2.csv", index=False)
+    (bench / "reduced_error_tp2.csv.meta.json").write_text(json.dumps(
+        {"captures": ["data/study_tp/tp_runs/tp2/bf16/seed0/traffic"], "torch": PROV["torch"]}))
     rc, err = freeze("c")
     assert rc == 0, err
+    with tarfile.open(tmp_path / "c" / "carried.tar.xz") as tar:
+        carried = sorted(n for n in tar.getnames() if "/bench/" in n)
+    assert carried == ["data/study_tp/bench/reduced_error_tp2.csv",
+                       "data/study_tp/bench/reduced_error_tp2.csv.meta.json"], carried
+    assert (tmp_path / "c/data/study_tp/bench/reduced_error.csv.meta.json").exists()
+    assert not (tmp_path / "c/data/study_tp/bench/reduced_error_tp2.csv").exists()
+    (bench / "reduced_error_tp2.csv").unlink()
+    (bench / "reduced_error_tp2.csv.meta.json").unlink()
     shutil.rmtree(later)  # nothing left behind: the freeze is a whole one
     assert freeze("d")[0] == 0 and "partial" not in (tmp_path / "d/README.md").read_text().split("commit:")[1]
     for r in named:

@@ -3,6 +3,7 @@ named, and an all-reduce that overflows reports NaN, never a perfect (infinite) 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -63,3 +64,38 @@ def test_max_calls_below_two_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         reduced_error.main(["--captures", str(tmp_path), "--max-calls", "1", "--out", str(tmp_path / "o.csv")])
     assert exc.value.code == 2 and "--max-calls 1: at least 2" in capsys.readouterr().err
+
+
+def test_degrees_measured_apart_join_into_what_one_measurement_gives(tmp_path, capsys):
+    """--parts: each TP degree measured as its run ends, joined later, gives the rows and summary of
+    measuring every degree at once; parts that disagree, or repeat a degree, are refused in one line."""
+    import pandas as pd
+
+    caps = {tp: str(captures(tmp_path / f"tp{tp}", tp)) for tp in (2, 4)}
+
+    def run(*args):
+        capsys.readouterr()
+        rc = reduced_error.main([*args, "--presets", "bf16,fp4quant", "--max-calls", "2"])
+        return rc, capsys.readouterr().err.strip().splitlines()
+
+    assert run("--captures", *caps.values(), "--out", str(tmp_path / "once.csv"))[0] == 0
+    for tp, folder in caps.items():
+        assert run("--captures", folder, "--out", str(tmp_path / f"part{tp}.csv"))[0] == 0
+    parts = [str(tmp_path / f"part{tp}.csv") for tp in caps]
+    assert run("--parts", *parts, "--out", str(tmp_path / "joined.csv"))[0] == 0
+    for name in ("{}.csv", "{}_summary.csv"):
+        once = pd.read_csv(tmp_path / name.format("once"))
+        joined = pd.read_csv(tmp_path / name.format("joined"))
+        pd.testing.assert_frame_equal(once, joined)
+    meta = json.loads((tmp_path / "joined.csv.meta.json").read_text())
+    assert meta["captures"] == list(caps.values()) and meta["parts"] == parts and meta["max_calls"] == 2
+
+    rc, err = run("--parts", parts[0], parts[0], "--out", str(tmp_path / "twice.csv"))
+    assert rc == 2 and len(err) == 1 and "TP 2 is in an earlier part" in err[0], err
+    other = json.loads((tmp_path / "part4.csv.meta.json").read_text())
+    (tmp_path / "part4.csv.meta.json").write_text(json.dumps({**other, "max_calls": 3}))
+    rc, err = run("--parts", *parts, "--out", str(tmp_path / "mixed.csv"))
+    assert rc == 2 and len(err) == 1 and "differ in max_calls" in err[0] and "part4.csv" in err[0], err
+    (tmp_path / "part4.csv.meta.json").unlink()
+    rc, err = run("--parts", *parts, "--out", str(tmp_path / "lost.csv"))
+    assert rc == 2 and len(err) == 1 and "part4.csv.meta.json is missing" in err[0], err

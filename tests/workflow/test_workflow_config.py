@@ -195,7 +195,8 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
     saving its traffic; the controls' batch runs exact at TP 2 and 1 and BF16's rounding alone at
     TP 1 (--rounding-alone, no --simulate-tp); `study_tp` needs all of them, or with the
     study_tp_batch1.yaml overlay batch 1's alone, its SQNR from TP = 16's traffic, and with
-    study_tp_batch2.yaml batches 1-2, its SQNR from every degree's traffic (dry runs)."""
+    study_tp_batch2.yaml batches 1-2, its SQNR from every degree's traffic: each degree's measured
+    by the batch that captures it, then joined (dry runs)."""
     import re
 
     config = REPO / "workflow/config/study_tp.yaml"
@@ -233,16 +234,21 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
     assert len([o for _, o in dry_run("study_tp") if "/tp_runs/" in o]) == 4 * (5 + 5 + 3 + 3) + 15
     headline = dry_run("study_tp", str(REPO / "workflow/config/study_tp_batch1.yaml"))
     assert sorted(out for _, out in headline) == sorted(out for _, out in first)
-    captures = re.findall(r"--captures (.*?) --presets", printed[-1])
-    assert captures == ["data/study_tp/tp_runs/small-mha/tp16/bf16/seed0/traffic"], captures
+    tp16_traffic = "data/study_tp/tp_runs/small-mha/tp16/bf16/seed0/traffic"
+    # a batch measures the SQNR of the degrees whose traffic it captures (the traffic is not kept)
+    assert re.findall(r"--captures (.*?) --presets", printed[0]) == [tp16_traffic], printed[0]
+    assert re.findall(r"--captures (.*?) --presets", printed[-1]) == [tp16_traffic], printed[-1]
+    assert re.findall(r"--parts (.*?) --out", printed[-1]) == ["data/study_tp/bench/reduced_error_tp16.csv"]
     # study_tp_batch2.yaml: bf16 and fp4quant at every degree, the SQNR from every degree's traffic
     both = dry_run("study_tp", str(REPO / "workflow/config/study_tp_batch2.yaml"))
     assert sorted(out for _, out in both) == sorted(f"data/study_tp/tp_runs/small-mha/tp{t}/{c}/seed{s}"
                                                     for t in (16, 8, 4, 2) for c in ("bf16", "fp4quant")
                                                     for s in range(5))
-    (captures,) = re.findall(r"--captures (.*?) --presets", printed[-1])
-    assert sorted(captures.split()) == sorted(f"data/study_tp/tp_runs/small-mha/tp{t}/bf16/seed0/traffic"
-                                              for t in (16, 8, 4, 2)), captures
+    captures = re.findall(r"--captures (.*?) --presets", printed[-1])
+    assert sorted(captures) == sorted(f"data/study_tp/tp_runs/small-mha/tp{t}/bf16/seed0/traffic"
+                                      for t in (16, 8, 4, 2)), captures
+    (parts,) = re.findall(r"--parts (.*?) --out", printed[-1])
+    assert sorted(parts.split()) == sorted(f"data/study_tp/bench/reduced_error_tp{t}.csv" for t in (16, 8, 4, 2))
 
 
 def test_a_study_keyed_on_the_training_code_refuses_a_tree_git_cannot_read(tmp_path):

@@ -81,13 +81,16 @@ if STUDY_TP:
         raise ValueError(f"study_tp.results_through_batch is {_through}: batches 1 .. {_through} hold no TP degree's "
                          f"bf16 run of seed {min(tp_seeds('bf16'))}, whose traffic the SQNR against TP reduces")
 
+    # a batch: its runs, and the SQNR of each degree whose BF16 run of seed 0 it trains (measured in
+    # the sitting that trains it: the captured traffic is not kept)
     for _i, _runs in enumerate(TP_BATCHES, start=1):
 
         rule:
             name:
                 f"study_tp_batch{_i}"
             input:
-                [f"{d}/summary.json" for d in _runs],
+                [f"{d}/summary.json" for d in _runs]
+                + [f"{OUT}/bench/reduced_error_tp{tp}.csv" for tp, run in TP_TRAFFIC_RUNS.items() if run in _runs],
 
     rule study_tp_results:
         input:
@@ -108,21 +111,37 @@ if STUDY_TP:
             " --margin {params.margin} --out-dir {TP_RESULTS:q} --figure {output.figure:q} --cores-per-run {TP_THREADS}"
             " 2> {log:q}"
 
-    rule study_tp_reduced_error:
+    # the SQNR against TP, one degree as its BF16 run of seed 0 ends (its captured traffic, too big to
+    # keep, goes with the sitting that trained it), then the degrees the results cover joined
+    rule study_tp_reduced_error_degree:
         input:
-            [f"{d}/summary.json" for d in TP_RESULT_TRAFFIC_RUNS],
+            lambda wc: f"{TP_TRAFFIC_RUNS[int(wc.tp)]}/summary.json",
         output:
-            csv=f"{OUT}/bench/reduced_error.csv",
-            summary=f"{OUT}/bench/reduced_error_summary.csv",
+            csv=f"{OUT}/bench/reduced_error_tp{{tp}}.csv",
+            summary=f"{OUT}/bench/reduced_error_tp{{tp}}_summary.csv",
         log:
-            f"{OUT}/logs/study_tp_reduced_error.log",
+            f"{OUT}/logs/study_tp_reduced_error_tp{{tp}}.log",
+        wildcard_constraints:
+            tp=r"\d+",
         params:
-            captures=[f"{d}/traffic" for d in TP_RESULT_TRAFFIC_RUNS],
+            captures=lambda wc: f"{TP_TRAFFIC_RUNS[int(wc.tp)]}/traffic",
             presets=",".join(c for c in TRAIN["comms"] if c != "exact"),
         threads: workflow.cores
         shell:
             "{PY:q} -m fp4quant.bench.reduced_error --captures {params.captures:q} --presets {params.presets:q}"
             " --max-calls {STUDY_TP[traffic_max_calls]} --out {output.csv:q} 2> {log:q}"
+
+    rule study_tp_reduced_error:
+        input:
+            [f"{OUT}/bench/reduced_error_tp{tp}.csv" for tp, run in TP_TRAFFIC_RUNS.items()
+             if run in TP_RESULT_TRAFFIC_RUNS],
+        output:
+            csv=f"{OUT}/bench/reduced_error.csv",
+            summary=f"{OUT}/bench/reduced_error_summary.csv",
+        log:
+            f"{OUT}/logs/study_tp_reduced_error.log",
+        shell:
+            "{PY:q} -m fp4quant.bench.reduced_error --parts {input:q} --out {output.csv:q} 2> {log:q}"
 
     rule study_tp_sqnr_figure:
         input:
