@@ -206,7 +206,8 @@ def slim(folder: str | Path) -> dict[str, list[str]]:
 def left_behind(data: Path) -> tuple[frozenset[Path], frozenset[Path]]:
     """The training runs under ``data`` that a study's results do not name, as a partial freeze
     splits them: (carried, left).  Carried: finished runs of configurations (run folders' parents)
-    the results do not cover yet; left behind: unfinished runs.  One line for what would leave a
+    the results do not cover yet; left behind: unfinished runs, and finished ones whose captured
+    traffic (``traffic/``) no result was built from yet.  One line for what would leave a
     result stale or a file mislaid: results naming no run, a finished run beside runs they name (the
     results are older than it), a result built from a run left behind or from runs of both kinds
     (a ``*.meta.json`` naming them among its ``captures``), a run outside the TP study's layout
@@ -223,10 +224,13 @@ def left_behind(data: Path) -> tuple[frozenset[Path], frozenset[Path]]:
         if (r / "summary.json").exists() and r.parent in covered:
             raise Incomparable(f"{r}: a finished run beside runs the results name, which they do not (the results "
                                "are older than it): rebuild the study's results before freezing")
-    finished = frozenset(r for r in unnamed if all((r / name).is_file() for name in RUN_FILES))
+    built = {meta: captured_runs(data, meta, runs) for meta in sorted(data.rglob("*.meta.json"))}
+    # a finished run whose captured traffic nothing was built from yet goes with the unfinished: the
+    # capture is not frozen, so carried without what was to be measured on it, it could never be
+    finished = frozenset(r for r in unnamed if all((r / name).is_file() for name in RUN_FILES)
+                         and not ((r / "traffic").is_dir() and not any(r in s for s in built.values())))
     left = unnamed - finished
-    for meta in sorted(data.rglob("*.meta.json")):
-        sources = captured_runs(data, meta, runs)
+    for meta, sources in built.items():
         if sources & left:
             capture = sorted(sources & left)[0]
             raise Incomparable(f"{meta}: built from {capture}, of a run the results do not name: rebuild it "
@@ -356,7 +360,8 @@ def partial_line(profile: str, dest: Path, named: int, carried: int, left: int) 
                  f"do not read (`python -m fp4quant.analysis thaw --from {dest}` puts them and this folder's runs back "
                  f"under data/{profile}, where the workflow resumes the study)")
     if left:
-        line += f"; {left} unfinished under data/{profile} were left behind"
+        line += (f"; {left} unfinished under data/{profile} (or with captured traffic not yet measured) "
+                 "were left behind")
     return line + "\n"
 
 

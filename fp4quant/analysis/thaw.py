@@ -6,8 +6,9 @@ A study keyed on the training code (``freeze --study``) gathers its runs over si
 sitting may end on a machine that keeps nothing: what it trained lives on only as a frozen folder
 (.freeze: the runs its results name, the finished runs of later batches in carried.tar.xz).  Thaw
 writes that folder's files -- plain ones, the raw logs and the carried runs -- back under
-<data>/<profile>/ as the workflow wrote them (a ``<name>.csv.xz`` as ``<name>.csv``), so that
-``snakemake`` finds those runs done and trains only the rest.
+<data>/<profile>/ as the workflow wrote them (a ``<name>.csv.xz`` as ``<name>.csv``; each newer
+than what it was made from, see ``tier``), so that ``snakemake`` finds those runs done and
+trains only the rest.
 
 The workflow reruns a job whose inputs are newer than its outputs, and a thawed run must not be
 retrained: so the study's inputs must be there first (the tokens and the built extension: run
@@ -26,6 +27,7 @@ import lzma
 import os
 import re
 import tarfile
+import time
 from pathlib import Path
 
 from ..provenance import code_digest
@@ -52,14 +54,36 @@ def frozen_files(ref: Path) -> tuple[str, dict[str, bytes]]:
     for name in (RAW_ARCHIVE, CARRIED_ARCHIVE):
         if not (ref / name).is_file():
             continue
-        with tarfile.open(ref / name) as tar:
-            for member in tar.getmembers():
-                path = Path(member.name)
-                if not member.isfile() or path.is_absolute() or ".." in path.parts:
-                    raise ValueError(f"{ref / name}: {member.name} is not a plain file under the folder")
-                if path.parts[0] == "data":  # the raw logs of a profile's data (not a freeze's tests)
-                    files[Path(*path.parts[1:]).as_posix()] = tar.extractfile(member).read()
+        try:
+            with tarfile.open(ref / name) as tar:
+                for member in tar.getmembers():
+                    path = Path(member.name)
+                    if not member.isfile() or path.is_absolute() or ".." in path.parts:
+                        raise ValueError(f"{ref / name}: {member.name} is not a plain file under the folder")
+                    if path.parts[0] != "data":  # not a profile's data (a freeze's tests, say)
+                        continue
+                    rel = Path(*path.parts[1:]).as_posix()
+                    if path.parts[1:2] != (profiles[0],) or rel in files:
+                        raise ValueError(f"{ref / name}: {member.name} is not a file of data/{profiles[0]} "
+                                         "the folder does not hold already")
+                    files[rel] = tar.extractfile(member).read()
+        except (tarfile.TarError, lzma.LZMAError, EOFError) as exc:
+            raise ValueError(f"{ref / name}: not a readable xz tar archive ({exc})") from None
     return profiles[0], files
+
+
+def tier(rel: str, files: dict[str, bytes]) -> int:
+    """The order in which the workflow made a file: a run's files (0); what is built from runs or
+    their captures (1); a join of such parts (2: its .meta.json lists them as ``parts``); the
+    results and figures (3).  Thawed files get mtimes in this order, so that none is older than a
+    file it was made from, which Snakemake would take for stale and remake."""
+    parts = Path(rel).parts
+    if "tp_runs" in parts or "runs" in parts:
+        return 0
+    if parts[1] in ("results", "figures"):
+        return 3
+    meta = rel if rel.endswith(".meta.json") else rel + ".meta.json"
+    return 2 if meta in files and "parts" in json.loads(files[meta]) else 1
 
 
 def frozen_code(ref: Path) -> str:
@@ -88,7 +112,10 @@ def check_thawable(ref: Path, data: Path, profile: str, files: dict[str, bytes])
     for rel, content in files.items():
         if Path(rel).name != "summary.json":
             continue
-        summary = json.loads(content)
+        try:
+            summary = json.loads(content)
+        except ValueError:
+            raise ValueError(f"{ref}: {rel} is not JSON: a damaged frozen run") from None
         trained = (summary.get("provenance") or {}).get("code")
         if trained != code:
             raise ValueError(f"{ref}: {rel} was trained by training code {trained}, not the folder's {code}")
@@ -109,8 +136,8 @@ def thaw(ref: str | Path, data: str | Path = "data") -> dict:
     profile, files = frozen_files(ref)
     check_thawable(ref, data, profile, files)
     written = kept = 0
-    # the runs first, then what was built from them: no result older than a run it reads
-    for rel in sorted(files, key=lambda r: ("/tp_runs/" not in r and "/runs/" not in r, r)):
+    now = time.time()
+    for rel in sorted(files, key=lambda r: (tier(r, files), r)):
         target = data / rel
         if target.exists():
             kept += 1
@@ -118,6 +145,7 @@ def thaw(ref: str | Path, data: str | Path = "data") -> dict:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".thaw.tmp")
         tmp.write_bytes(files[rel])
+        os.utime(tmp, (now + tier(rel, files), now + tier(rel, files)))
         os.replace(tmp, target)
         written += 1
     runs = sum(Path(r).name == "summary.json" for r in files)

@@ -22,7 +22,9 @@ tensors of both SQNRs, and the pooled (energy-weighted) SQNR of the reduced tens
 joins outputs of this tool, one TP degree each, into one (rows as measured, the summary anew): a
 study's degrees finish in different sittings, and a capture, too big to keep, goes with its
 sitting, so each degree is measured as its run ends.  The parts must agree on the presets, the
-calls kept, the torch and the code, and hold different TP degrees; their captures are the join's.
+calls kept, the torch and the code, and hold different TP degrees.  The join's provenance is its
+own run's, with the parts' captures, presets, calls, torch and code; each row keeps the hardware
+and commit that measured it.
 """
 
 from __future__ import annotations
@@ -152,6 +154,10 @@ def join(parts: list[str]) -> tuple[list[dict], dict]:
         metas[part] = json.loads(meta.read_text())
         with open(part, newline="") as f:
             part_rows = [{k: NUMBERS.get(k, str)(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        lacking = [k for k in ("tp", "direction", "preset", *STAMP) if part_rows and k not in part_rows[0]]
+        if not part_rows or lacking:
+            raise ValueError(f"{part}: {'no rows' if not part_rows else 'no column ' + lacking[0]}: not a part "
+                             "this tool measured")
         tps = sorted({r["tp"] for r in part_rows})
         seen = sorted({r["tp"] for r in rows} & set(tps))
         if seen:
@@ -172,12 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--captures", nargs="+", help="capture folders, one per TP degree")
     source.add_argument("--parts", nargs="+", help="outputs of this tool to join, one TP degree each")
-    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--presets", default=None, help=f"default: {','.join(PRESETS)}")
     ap.add_argument("--max-calls", type=int, default=None,
                     help="at most this many calls per step and direction, evenly spaced (default: all)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    presets = [p for p in a.presets.split(",") if p]
+    if a.parts and (a.presets is not None or a.max_calls is not None):
+        ap.error("--parts joins parts as they were measured: --presets and --max-calls are theirs")
+    presets = [p for p in (a.presets or ",".join(PRESETS)).split(",") if p]
     if a.max_calls is not None and a.max_calls < 2:
         ap.error(f"--max-calls {a.max_calls}: at least 2 (the first and the last call of each step)")
     try:

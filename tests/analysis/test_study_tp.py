@@ -306,6 +306,8 @@ def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, cap
     named = [tp_run(src / "tp_runs", 16, c, s, [2.0 + 0.01 * s, 2.1, 2.05])
              for c in ("bf16", "fp4quant") for s in (0, 1)]
     later = tp_run(src / "tp_runs", 2, "bf16", 0, [2.0, 2.1, 2.05])  # finished, of a batch the results do not cover
+    # finished too, but its captured traffic not yet measured: carried without it, it never could be
+    (tp_run(src / "tp_runs", 4, "bf16", 0, [2.0, 2.1, 2.05]) / "traffic").mkdir()
     unfinished = src / "tp_runs" / "tp8" / "bf16" / "seed0"
     (unfinished / "checkpoints").mkdir(parents=True)
     (unfinished / "log.jsonl").write_text(json.dumps({"step": 0, "loss": 2.3}) + "\n")
@@ -346,7 +348,8 @@ def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, cap
     readme = (ref / "README.md").read_text()
     assert ("- partial: the study's first batches, the 4 runs its results name; 1 finished run of a later batch is "
             "carried in `carried.tar.xz`") in readme, readme
-    assert "; 1 unfinished under data/study_tp were left behind" in readme, readme
+    assert ("; 2 unfinished under data/study_tp (or with captured traffic not yet measured) were left behind"
+            in readme), readme
     assert "--study --partial" in readme
     summary = json.loads((named[0] / "summary.json").read_text())
     summary["val_loss"] += 0.01  # a named run retrained after the results: still stale when partial
@@ -383,7 +386,8 @@ def test_a_partial_freeze_refuses_what_would_leave_it_stale(tmp_path, capsys):
     assert "later batch" in err[0], err
     (bench / "reduced_error.csv.meta.json").write_text(json.dumps(
         {"captures": ["data/study_tp/tp_runs/tp16/bf16/seed0/traffic"]}))
-    # a benchmark of the later batch's run alone is carried with it
+    # a benchmark of the later batch's run alone is carried with it, the run's capture measured
+    (later / "traffic").mkdir()
     pd.DataFrame([{"tp": 2, "sqnr_db": 13.5, **PROV}]).to_csv(bench / "reduced_error_tp2.csv", index=False)
     (bench / "reduced_error_tp2.csv.meta.json").write_text(json.dumps(
         {"captures": ["data/study_tp/tp_runs/tp2/bf16/seed0/traffic"], "torch": PROV["torch"]}))

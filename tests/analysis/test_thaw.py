@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pandas as pd
 import pytest
 
 from fp4quant.analysis import thaw as thaw_module
 from fp4quant.analysis.__main__ import main as analysis_main
 
+from test_study import PROV
 from test_study_tp import CODE, build_results, freeze_study, tp_run
 
 TOKENS = b"\x01\x02\x03" * 100
@@ -34,6 +36,13 @@ def frozen(tmp_path, capsys):
     unfinished.mkdir(parents=True)
     (unfinished / "log.jsonl").write_text(json.dumps({"step": 0, "loss": 2.3}) + "\n")
     build_results(src, runs)
+    # the SQNR of TP 16 measured on its BF16 run's capture, and the degrees joined
+    (src / "bench").mkdir()
+    capture = "data/study_tp/tp_runs/tp16/bf16/seed0/traffic"
+    for name, meta in (("reduced_error_tp16.csv", {"captures": [capture]}),
+                       ("reduced_error.csv", {"captures": [capture], "parts": ["reduced_error_tp16.csv"]})):
+        pd.DataFrame([{"tp": 16, "sqnr_db": 13.5, **PROV}]).to_csv(src / "bench" / name, index=False)
+        (src / "bench" / f"{name}.meta.json").write_text(json.dumps({**meta, "torch": PROV["torch"]}))
     rc, err = freeze_study(tmp_path, capsys, "ref", "--partial")
     assert rc == 0, err
     return src, tmp_path / "ref", [*runs, later], unfinished
@@ -73,9 +82,13 @@ def test_the_study_comes_back_as_the_workflow_wrote_it(frozen, tmp_path, capsys)
     assert not (data / unfinished.relative_to(src.parent)).exists()
     results = data / "study_tp" / "results" / "tp_summary.csv"
     assert results.read_bytes() == (src / "results" / "tp_summary.csv").read_bytes()
-    # no result older than a run it reads: the workflow would rebuild it, not retrain a run
-    newest_run = max((data / r.relative_to(src.parent) / "summary.json").stat().st_mtime_ns for r in finished)
-    assert results.stat().st_mtime_ns >= newest_run
+    # nothing older than what it was made from, which the workflow would take for stale and remake:
+    # the runs, the SQNR of a degree's capture, their join, the results
+    newest_run = max((data / r.relative_to(src.parent) / "summary.json").stat().st_mtime for r in finished)
+    bench = data / "study_tp" / "bench"
+    made = [newest_run, (bench / "reduced_error_tp16.csv").stat().st_mtime, (bench / "reduced_error.csv").stat().st_mtime,
+            results.stat().st_mtime]
+    assert made == sorted(made) and len(set(made)) == 4, made
     rc, err = thaw(ref, data, capsys)  # again: everything is there already
     assert rc == 0 and "0 files written" in err[0], err
 

@@ -75,7 +75,8 @@ def test_degrees_measured_apart_join_into_what_one_measurement_gives(tmp_path, c
 
     def run(*args):
         capsys.readouterr()
-        rc = reduced_error.main([*args, "--presets", "bf16,fp4quant", "--max-calls", "2"])
+        extra = [] if args[0] == "--parts" else ["--presets", "bf16,fp4quant", "--max-calls", "2"]
+        rc = reduced_error.main([*args, *extra])
         return rc, capsys.readouterr().err.strip().splitlines()
 
     assert run("--captures", *caps.values(), "--out", str(tmp_path / "once.csv"))[0] == 0
@@ -90,6 +91,9 @@ def test_degrees_measured_apart_join_into_what_one_measurement_gives(tmp_path, c
     meta = json.loads((tmp_path / "joined.csv.meta.json").read_text())
     assert meta["captures"] == list(caps.values()) and meta["parts"] == parts and meta["max_calls"] == 2
 
+    with pytest.raises(SystemExit):  # the parts' own presets and calls, not new ones
+        reduced_error.main(["--parts", *parts, "--max-calls", "3", "--out", str(tmp_path / "recalled.csv")])
+    assert "--max-calls are theirs" in capsys.readouterr().err
     rc, err = run("--parts", parts[0], parts[0], "--out", str(tmp_path / "twice.csv"))
     assert rc == 2 and len(err) == 1 and "TP 2 is in an earlier part" in err[0], err
     other = json.loads((tmp_path / "part4.csv.meta.json").read_text())
