@@ -203,11 +203,13 @@ def slim(folder: str | Path) -> dict[str, list[str]]:
             "compressed": [p.relative_to(folder).as_posix() for p in big]}
 
 
-def left_behind(data: Path) -> tuple[frozenset[Path], frozenset[Path]]:
+def left_behind(data: Path) -> tuple[frozenset[Path], frozenset[Path], frozenset[Path]]:
     """The training runs under ``data`` that a study's results do not name, as a partial freeze
-    splits them: (carried, left).  Carried: finished runs of configurations (run folders' parents)
-    the results do not cover yet; left behind: unfinished runs, and finished ones whose captured
-    traffic (``traffic/``) no result was built from yet.  One line for what would leave a
+    splits them, and what goes with the carried: (carried, left, carried results).  Carried:
+    finished runs of configurations (run folders' parents) the results do not cover yet; left
+    behind: unfinished runs, and finished ones whose captured traffic (``traffic/``) no result was
+    built from yet; carried results: the ``*.meta.json`` of results built from carried runs' captures
+    alone.  One line for what would leave a
     result stale or a file mislaid: results naming no run, a finished run beside runs they name (the
     results are older than it), a result built from a run left behind or from runs of both kinds
     (a ``*.meta.json`` naming them among its ``captures``), a run outside the TP study's layout
@@ -225,10 +227,11 @@ def left_behind(data: Path) -> tuple[frozenset[Path], frozenset[Path]]:
             raise Incomparable(f"{r}: a finished run beside runs the results name, which they do not (the results "
                                "are older than it): rebuild the study's results before freezing")
     built = {meta: captured_runs(data, meta, runs) for meta in sorted(data.rglob("*.meta.json"))}
+    measured = frozenset().union(*built.values())
     # a finished run whose captured traffic nothing was built from yet goes with the unfinished: the
     # capture is not frozen, so carried without what was to be measured on it, it could never be
-    finished = frozenset(r for r in unnamed if all((r / name).is_file() for name in RUN_FILES)
-                         and not ((r / "traffic").is_dir() and not any(r in s for s in built.values())))
+    unmeasured = {r for r in unnamed if (r / "traffic").is_dir() and r not in measured}
+    finished = frozenset(r for r in unnamed if all((r / name).is_file() for name in RUN_FILES)) - unmeasured
     left = unnamed - finished
     for meta, sources in built.items():
         if sources & left:
@@ -239,7 +242,7 @@ def left_behind(data: Path) -> tuple[frozenset[Path], frozenset[Path]]:
             raise Incomparable(f"{meta}: built from {sorted(sources & finished)[0]}, of a later batch, and from "
                                f"{sorted(sources - finished)[0]}, which the results name: rebuild it with the "
                                "results' batches before freezing")
-    return finished, left
+    return finished, left, frozenset(meta for meta, sources in built.items() if sources and sources <= finished)
 
 
 def captured_runs(data: Path, meta: Path, runs: list[Path]) -> frozenset[Path]:
@@ -248,16 +251,6 @@ def captured_runs(data: Path, meta: Path, runs: list[Path]) -> frozenset[Path]:
     root = data.resolve().parent.parent
     sources = [(root / c).resolve() for c in json.loads(meta.read_text()).get("captures") or []]
     return frozenset(r for r in runs for s in sources if s.is_relative_to(r.resolve()))
-
-
-def built_from_only(data: Path, path: Path, runs: frozenset[Path]) -> bool:
-    """Whether a result (``path``, or the file a ``*.meta.json`` describes) was built from captures of
-    ``runs`` alone (its own ``*.meta.json`` names them)."""
-    meta = path if path.name.endswith(".meta.json") else path.with_name(path.name + ".meta.json")
-    if not runs or not meta.is_file():
-        return False
-    sources = captured_runs(data, meta, training_runs(data))
-    return bool(sources) and sources <= runs
 
 
 def is_left(rel: Path, left_rel: list[Path]) -> bool:
@@ -287,10 +280,11 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
         raise FileNotFoundError(f"{src}/results: no results of profile {profile} to freeze (run the workflow first)")
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"{dest} already holds something; freeze into a new folder")
-    carried, left = left_behind(src) if partial else (frozenset(), frozenset())
+    carried, left, carried_results = left_behind(src) if partial else (frozenset(), frozenset(), frozenset())
     left_rel, carried_rel = [r.relative_to(src) for r in left], [r.relative_to(src) for r in carried]
     files = [p for p in run_files(src) if not is_left(p.relative_to(src), left_rel)]
-    carried_files = [p for p in files if is_left(p.relative_to(src), carried_rel) or built_from_only(src, p, carried)]
+    carried_files = [p for p in files if is_left(p.relative_to(src), carried_rel)
+                     or (p if p.name.endswith(".meta.json") else p.with_name(p.name + ".meta.json")) in carried_results]
     made = [] if study else made_from_run(Path(figures), Path(tables), src)
     missing = [str(p) for p in made if not p.exists()]
     if missing:

@@ -137,7 +137,8 @@ def thaw(ref: str | Path, data: str | Path = "data") -> dict:
     check_thawable(ref, data, profile, files)
     written = kept = 0
     now = time.time()
-    for rel in sorted(files, key=lambda r: (tier(r, files), r)):
+    tiers = {rel: tier(rel, files) for rel in files}
+    for rel in sorted(files, key=lambda r: (tiers[r], r)):
         target = data / rel
         if target.exists():
             kept += 1
@@ -145,7 +146,7 @@ def thaw(ref: str | Path, data: str | Path = "data") -> dict:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".thaw.tmp")
         tmp.write_bytes(files[rel])
-        os.utime(tmp, (now + tier(rel, files), now + tier(rel, files)))
+        os.utime(tmp, (now + tiers[rel], now + tiers[rel]))
         os.replace(tmp, target)
         written += 1
     runs = sum(Path(r).name == "summary.json" for r in files)
