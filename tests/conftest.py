@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,19 @@ def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
     rank = {str(tests / name): i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the rest keep their order
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scratch_tempdir(tmp_path_factory):
+    """The temp folder of the tests and of every process they start (torchrun's torchelastic_* log
+    folders, wandb's media and artifact folders made at import and left by ranks that exit hard)
+    is one under pytest's own, which pytest prunes: a run leaves nothing in /tmp."""
+    folder = tmp_path_factory.mktemp("tempdir")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TMPDIR", str(folder))
+    patch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    patch.undo()
 
 
 @pytest.fixture

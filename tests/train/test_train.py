@@ -152,8 +152,8 @@ def test_layout_errors_before_any_process_group(data):
         TrainConfig(out="x", tp=2, seq_len=63, sequence_parallel=True, data=data).check_world(2)
 
 
-def test_cli_reports_a_bad_layout_in_one_line(data):
-    p = torchrun(["--model", "tiny", "--tp", "4", "--out", "/tmp/never", "--data", data], nproc=2,
+def test_cli_reports_a_bad_layout_in_one_line(data, tmp_path):
+    p = torchrun(["--model", "tiny", "--tp", "4", "--out", str(tmp_path / "never"), "--data", data], nproc=2,
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, err = p.communicate(timeout=120)
     assert p.returncode != 0
