@@ -119,7 +119,8 @@ def cmd_study_tp(a) -> None:
     out = Path(a.out_dir)
     # code: the digest each run records, or (a run of before it was recorded) its commit's
     conv = study.runs(a.runs, a.profile)
-    conv = conv.assign(code=code, hours=[study_tp.run_hours(r) for r in conv.run])
+    conv = conv.assign(code=code, hours=[study_tp.run_hours(r) for r in conv.run],
+                       cpus=[study_tp.run_cpus(r) for r in conv.run])
     table = study_tp.summary(conv, a.margin, a.order)
     text = study_tp.markdown(table, conv, study_tp.controls(conv, a.margin), a.cores_per_run)
     _write(conv, out / "tp_convergence.csv")

@@ -8,8 +8,9 @@ tp_summary.csv      one row per (TP, config): mean and SD over seeds; against BF
                     TP, paired by seed (same initialization, batches and validation tokens): the
                     mean difference with its 95% t interval, the 90% interval and the p-values
                     of the two one-sided tests (TOST) against +-margin, and the verdict
-tp_summary.md       the same as a table, the verdict sentences, and the control runs (float32 on
-                    the wire against BF16; BF16's rounding alone at TP = 1 against float32)
+tp_summary.md       the same as a table, the verdict sentences, the control runs (float32 on the
+                    wire against BF16; BF16's rounding alone at TP = 1 against float32), and the
+                    pairs whose two runs trained on different CPU models
 
 The verdict of a difference d (config - BF16) with margin m:
   within the margin   both one-sided tests reject at 5% (the 90% interval lies inside (-m, +m))
@@ -80,6 +81,8 @@ def compare(conv: pd.DataFrame, config: str, baseline: str, tp: int, margin: flo
     row.update(tost(d, margin))
     row["diff_batch_se"] = float(np.mean([batch_paired_se(_batches(g, s), _batches(b, s)) for s in seeds])) \
         if seeds else math.nan
+    if "cpus" in conv:  # a run's numerics differ between CPU models from its first step: name such pairs
+        row["pairs_across_cpus"] = ", ".join(str(s) for s in seeds if g.cpus[s] != b.cpus[s])
     row["verdict"] = verdict(row, margin)
     return row
 
@@ -138,6 +141,24 @@ def run_hours(run: str | Path) -> float:
         return float("nan")
     times = [r["step_time_s"] for r in map(json.loads, log.read_text().splitlines()) if "step_time_s" in r]
     return float(np.median(times)) * len(times) / 3600 if times else float("nan")
+
+
+def run_cpus(run: str | Path) -> str:
+    """The CPUs a run trained on: every part's (a run resumed on another machine has two)."""
+    s = json.loads((Path(run) / "summary.json").read_text())
+    parts = [seg["provenance"] for seg in s.get("segments") or []] or [s["provenance"]]
+    return "; ".join(sorted({str(p.get("hardware")) for p in parts}))
+
+
+def across_cpus(rows: list[dict]) -> str:
+    """A sentence on the pairs whose two runs trained on different CPUs (or one ran a part on
+    another): a seed's run takes another path on another CPU model from its first step, as on
+    another seed, so such a pair's difference also holds the two CPUs' difference."""
+    mixed = list(dict.fromkeys(f"TP {r['tp']} {r['config']} seed(s) {r['pairs_across_cpus']}" for r in rows
+                               if isinstance(r.get("pairs_across_cpus"), str) and r["pairs_across_cpus"]))
+    if not mixed:
+        return "Each pair's two runs trained on one CPU model."
+    return f"Pairs whose two runs trained on different CPU models: {'; '.join(mixed)}."
 
 
 def cost(conv: pd.DataFrame, cores_per_run: int | None) -> str:
@@ -206,6 +227,8 @@ def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict],
             diff = f"{r['diff_mean']:+.4f}{bracket(r['ci_low'], r['ci_high'])}" if r["n_pairs"] else ""
             lines.append(f"| {r['tp']} | {r['config']} - {r['baseline']} | {r['n_pairs']} | {diff} "
                          f"| {verdict_of(r) if diff else ''} |")
+    if "cpus" in conv:
+        lines += ["", across_cpus(table.to_dict("records") + control_rows)]
     if spent := cost(conv, cores_per_run):
         lines += ["", spent]
     return "\n".join(lines) + "\n"

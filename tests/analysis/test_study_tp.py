@@ -97,6 +97,7 @@ def test_the_cli_writes_tables_and_the_figures(runs, tmp_path, capsys):
                           "fp4quant", "--margin", "0.05", "--out-dir", str(out), "--figure", str(fig)]) == 0
     md = (out / "tp_summary.md").read_text()
     assert md.startswith("<!-- provenance: AMD EPYC") and "**fp4quant at TP = 16" in md and "bf16-alone - exact" in md
+    assert "Each pair's two runs trained on one CPU model." in md
     assert fig.read_bytes().startswith(b"%PDF")
     assert set(pd.read_csv(out / "tp_summary.csv").tp) == {1, 2, 16}
     summary = tmp_path / "reduced_error_summary.csv"
@@ -143,6 +144,10 @@ def test_runs_of_several_commits_and_machines_but_one_training_code_are_one_stud
     assert analysis_main(args) == 0
     head = (tmp_path / "r" / "tp_summary.md").read_text().splitlines()[0]
     assert "Intel(R) Xeon" in head and "AMD EPYC" in head and f"training code {CODE}" in head and "bbbbbbbbbbbb" in head
+    # runs[0] is TP 2's bf16 of seed 0: its pairs with fp4quant and with float32 span two CPU models
+    md = (tmp_path / "r" / "tp_summary.md").read_text()
+    assert "different CPU models: TP 2 fp4quant seed(s) 0; TP 2 exact seed(s) 0." in md, md
+    assert pd.read_csv(tmp_path / "r" / "tp_summary.csv").set_index(["tp", "config"]).pairs_across_cpus[2, "fp4quant"] in (0, "0")
     summary = edit(runs[3])
     summary["segments"].append({"from_step": 100, "provenance": {**summary["segments"][0]["provenance"], "code": "other"}})
     (runs[3] / "summary.json").write_text(json.dumps(summary))
