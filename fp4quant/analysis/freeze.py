@@ -253,6 +253,11 @@ def captured_runs(data: Path, meta: Path, runs: list[Path]) -> frozenset[Path]:
     return frozenset(r for r in runs for s in sources if s.is_relative_to(r.resolve()))
 
 
+def meta_of(path: Path) -> Path:
+    """The ``*.meta.json`` that describes a result: the file beside it, or the file itself."""
+    return path if path.name.endswith(".meta.json") else path.with_name(path.name + ".meta.json")
+
+
 def is_left(rel: Path, left_rel: list[Path]) -> bool:
     """Whether a file (``rel``: its path in the profile's folder) belongs to a run left behind: a file
     in its folder, or a job's log named after it (the workflow names a run's training job's log by
@@ -283,8 +288,7 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
     carried, left, carried_results = left_behind(src) if partial else (frozenset(), frozenset(), frozenset())
     left_rel, carried_rel = [r.relative_to(src) for r in left], [r.relative_to(src) for r in carried]
     files = [p for p in run_files(src) if not is_left(p.relative_to(src), left_rel)]
-    carried_files = [p for p in files if is_left(p.relative_to(src), carried_rel)
-                     or (p if p.name.endswith(".meta.json") else p.with_name(p.name + ".meta.json")) in carried_results]
+    carried_files = [p for p in files if is_left(p.relative_to(src), carried_rel) or meta_of(p) in carried_results]
     made = [] if study else made_from_run(Path(figures), Path(tables), src)
     missing = [str(p) for p in made if not p.exists()]
     if missing:

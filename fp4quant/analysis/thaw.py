@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from ..provenance import code_digest
-from .freeze import CARRIED_ARCHIVE, RAW_ARCHIVE
+from .freeze import CARRIED_ARCHIVE, RAW_ARCHIVE, meta_of
 
 # what the workflow's preparation writes before any run (rules prepare_data and build_extension)
 INPUTS = ("tokens/tokens.bin", "tokens/meta.json", "build/info.json")
@@ -82,7 +82,7 @@ def tier(rel: str, files: dict[str, bytes]) -> int:
         return 0
     if parts[1] in ("results", "figures"):
         return 3
-    meta = rel if rel.endswith(".meta.json") else rel + ".meta.json"
+    meta = meta_of(Path(rel)).as_posix()
     return 2 if meta in files and "parts" in json.loads(files[meta]) else 1
 
 
