@@ -37,7 +37,7 @@ class Claim:
     claim: str
     paper: str
     ours: Callable[[Path], str]  # the figure, from the files under the repository root
-    kind: str  # measured / emulated / projected, and on what
+    kind: str | Callable[[Path], str]  # measured / emulated / projected, and on what (or read from the evidence)
     evidence: tuple[str, ...]  # files, relative to the root
     command: str | Callable[[Path], str]  # or read from the evidence (a frozen study's README)
 
@@ -189,6 +189,24 @@ def convergence_tp(root: Path) -> str:
             + (" (frozen before the study's later batches)" if partial else ""))
 
 
+def _cpu_name(hardware: str) -> str:
+    """A CPU as the claims table names it: its family, not the VM's full model string."""
+    return next((name for name in ("Xeon", "EPYC") if name in hardware), hardware.split(",")[0])
+
+
+def study_tp_kind(root: Path) -> str:
+    """How the TP study's figures were made: the CPU models its runs trained on, by TP degree (a run
+    resumed on another CPU counts under each)."""
+    runs = _csv(root, f"{STUDY_TP}/results/tp_convergence.csv")
+    degrees: dict[str, set[int]] = {}
+    for tp, cpus in zip(runs.tp, runs.cpus.astype(str)):
+        for cpu in cpus.split("; "):
+            degrees.setdefault(_cpu_name(cpu), set()).add(int(tp))
+    where = "; ".join(f"TP = {', '.join(map(str, sorted(tps)))} on {cpu}"
+                      for cpu, tps in sorted(degrees.items(), key=lambda kv: -max(kv[1])))
+    return f"measured, CPU ({where}), small-mha Qwen2, ranks simulated"
+
+
 def study_tp_command(root: Path) -> str:
     """The command its freeze recorded: the whole study's, or its first batches' (an overlay)."""
     command = _frozen(root, STUDY_TP_FOLDER, "produced by")
@@ -248,8 +266,7 @@ CLAIMS = (
           (f"{STUDY}/results/convergence_summary.csv",),
           "`snakemake --cores all study --configfile workflow/config/study.yaml`"),
     Claim("Convergence comparable at TP = 16", "comparable (TP = 16)", convergence_tp,
-          "measured, CPU (Xeon), small-mha Qwen2, ranks simulated",
-          (f"{STUDY_TP}/results/tp_summary.csv", f"{STUDY_TP}/bench/reduced_error_summary.csv"),
+          study_tp_kind, (f"{STUDY_TP}/results/tp_summary.csv", f"{STUDY_TP}/bench/reduced_error_summary.csv"),
           study_tp_command),
     Claim("Dual scale and FWHT matter", "ablations", ablations, "measured, CPU, small Qwen2",
           (f"{STUDY}/results/convergence_summary.csv",),
@@ -271,7 +288,8 @@ def table(root: str | Path = ".") -> str:
             raise FileNotFoundError(f"claim {c.claim!r}: its evidence {missing[0]} does not exist")
         links = ", ".join(f"[{Path(e).name}]({e})" for e in c.evidence)
         command = c.command if isinstance(c.command, str) else c.command(root)
-        rows.append(f"| {c.claim} | {c.paper} | {c.ours(root)} | {c.kind} | {links} | {command} |")
+        kind = c.kind if isinstance(c.kind, str) else c.kind(root)
+        rows.append(f"| {c.claim} | {c.paper} | {c.ours(root)} | {kind} | {links} | {command} |")
     return "\n".join(rows) + "\n"
 
 

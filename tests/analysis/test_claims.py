@@ -80,6 +80,7 @@ def test_the_tp_study_row_reads_every_degree_and_the_freeze_s_readme(tmp_path):
 
     ref = REPO / claims.STUDY_TP
     summary = pd.read_csv(ref / "results" / "tp_summary.csv")
+    summary = summary[summary.tp == summary.tp.max()]  # the frozen folder may hold any batches so far
     fq = summary[summary.config == "fp4quant"].iloc[0]
     rows = [fq.to_dict() | {"tp": 2, "diff_mean": 0.001, "ci_low": -0.01, "ci_high": 0.012,
                             "verdict": "within the margin"},
@@ -100,8 +101,23 @@ def test_the_tp_study_row_reads_every_degree_and_the_freeze_s_readme(tmp_path):
     assert "TP = 8: " in ours and "not resolved, by 0.012 nats;" in ours and "(the 90%" not in ours, ours
     assert "TP = 4: no paired seeds yet" in ours and "nan" not in ours and "outside the margin" not in ours, ours
     assert ours.endswith("(frozen before the study's later batches)") == ("- partial:" in readme), ours
-    whole = "\n".join(line for line in readme.splitlines() if not line.startswith("- partial:")).replace(
-        " workflow/config/study_tp_batch1.yaml", "")
+    whole = re.sub(r" workflow/config/study_tp_batch\d\.yaml", "", "\n".join(
+        line for line in readme.splitlines() if not line.startswith("- partial:")))
     (tmp_path / claims.STUDY_TP_FOLDER / "README.md").write_text(whole)
     assert not claims.convergence_tp(tmp_path).endswith("later batches)")
     assert claims.study_tp_command(tmp_path).endswith("--configfile workflow/config/study_tp.yaml`")
+
+
+def test_the_tp_study_row_names_the_cpu_models_its_runs_trained_on(tmp_path):
+    """The row's 'how' is read from the runs: each CPU model with its TP degrees, a run resumed on a
+    second model counted under both, so a freeze of later batches from another machine says so."""
+    import pandas as pd
+
+    runs = pd.DataFrame({"tp": [16, 16, 2, 8, 4],
+                         "cpus": ["Intel(R) Xeon(R) Processor, 2 cores (CPU)"] * 2
+                         + ["AMD EPYC, 2 cores (CPU)", "AMD EPYC, 2 cores (CPU)",
+                            "AMD EPYC, 2 cores (CPU); Intel(R) Xeon(R) Processor, 2 cores (CPU)"]})
+    (tmp_path / claims.STUDY_TP / "results").mkdir(parents=True)
+    runs.to_csv(tmp_path / claims.STUDY_TP / "results" / "tp_convergence.csv", index=False)
+    assert claims.study_tp_kind(tmp_path) == ("measured, CPU (TP = 4, 16 on Xeon; TP = 2, 4, 8 on EPYC), "
+                                              "small-mha Qwen2, ranks simulated")
