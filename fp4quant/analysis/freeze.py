@@ -39,7 +39,9 @@ from .figures import FIGURES
 from .origin import MixedOrigin, check_same_origin, check_same_training_code, read_stamp
 from .tables import TABLES
 
-SKIPPED_DIRS = {"tokens", "checkpoints", ".snakemake", "traffic"}  # large, and rebuilt by any run (traffic: captured tensors)
+# large, and rebuilt by any run (traffic: captured tensors); build: the extension this machine
+# compiled (git ignores it, so a reference holding it would differ between its clone and its freeze)
+SKIPPED_DIRS = {"tokens", "checkpoints", ".snakemake", "traffic", "build"}
 # the workflow's resume key of a run folder (workflow/scripts/fresh_run.py): bookkeeping that
 # names this machine's paths, no result
 SKIPPED_FILES = {"workflow_job.json"}

@@ -36,6 +36,8 @@ def frozen(tmp_path, capsys):
     unfinished.mkdir(parents=True)
     (unfinished / "log.jsonl").write_text(json.dumps({"step": 0, "loss": 2.3}) + "\n")
     build_results(src, runs)
+    (src / "build").mkdir()  # the workflow's record of the extension this machine built
+    (src / "build" / "info.json").write_text("{}")
     # the SQNR of TP 16 measured on its BF16 run's capture, and the degrees joined
     (src / "bench").mkdir()
     capture = "data/study_tp/tp_runs/tp16/bf16/seed0/traffic"
@@ -46,6 +48,13 @@ def frozen(tmp_path, capsys):
     rc, err = freeze_study(tmp_path, capsys, "ref", "--partial")
     assert rc == 0, err
     return src, tmp_path / "ref", [*runs, later], unfinished
+
+
+def test_the_freeze_leaves_this_machine_s_build_behind(frozen):
+    """The extension's build record is this machine's and git ignores it: a frozen folder holding it
+    would differ from its clone, and a second freeze into the folder would find it there."""
+    src, ref, _, _ = frozen
+    assert (src / "build" / "info.json").exists() and not (ref / "data" / "study_tp" / "build").exists()
 
 
 def prepared(data):
