@@ -8,7 +8,8 @@ tp_summary.csv      one row per (TP, config): mean and SD over seeds; against BF
                     TP, paired by seed (same initialization, batches and validation tokens): the
                     mean difference with its 95% t interval, the 90% interval and the p-values
                     of the two one-sided tests (TOST) against +-margin, and the verdict
-tp_summary.md       the same as a table, the verdict sentences, the control runs (float32 on the
+tp_summary.md       the same as a table, the verdict sentences, fp4quant's gap against the TP
+                    degree (its slope per doubling, over seeds), the control runs (float32 on the
                     wire against BF16; BF16's rounding alone at TP = 1 against float32), and the
                     pairs whose two runs trained on different CPU models
 
@@ -132,6 +133,37 @@ def controls(conv: pd.DataFrame, margin: float) -> list[dict]:
     return out
 
 
+def trend(conv: pd.DataFrame, config: str = "fp4quant") -> dict | None:
+    """Does ``config``'s gap to BF16 grow with the number of ranks?  Each seed's paired gaps at the
+    degrees it has (at least two) give that seed's least-squares slope against log2(TP); the mean
+    slope over the seeds, with its 95% t interval, is the change of the gap per doubling of TP.
+    A seed's runs at the several degrees share its initialization and batches, so the seeds, not
+    the (seed, TP) points, are the independent samples.  None with fewer than two such seeds."""
+    slopes = []
+    for seed in sorted(set(conv.seed)):
+        mine = conv[(conv.config == config) & (conv.seed == seed)].set_index("tp").final_val_loss
+        base = conv[(conv.config == BASELINE) & (conv.seed == seed)].set_index("tp").final_val_loss
+        tps = sorted(set(mine.index) & set(base.index))
+        if len(tps) >= 2:
+            slopes.append(float(np.polyfit(np.log2(tps), [mine[t] - base[t] for t in tps], 1)[0]))
+    if len(slopes) < 2:
+        return None
+    d = np.array(slopes)
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
+    tps = sorted(set(conv[conv.config == config].tp) & set(conv[conv.config == BASELINE].tp))
+    return {"config": config, "slope": float(d.mean()), "ci_low": float(d.mean()) - half,
+            "ci_high": float(d.mean()) + half, "n_seeds": len(d), "tps": tps}
+
+
+def trend_sentence(t: dict | None) -> str:
+    if t is None:
+        return ""
+    where = "lies above 0" if t["ci_low"] > 0 else "lies below 0" if t["ci_high"] < 0 else "spans 0"
+    return (f"Against the TP degree: {t['config']} - {BASELINE} changes by {t['slope']:+.4f} nats per doubling of "
+            f"TP [{t['ci_low']:+.4f}, {t['ci_high']:+.4f}] (95%; the mean over {t['n_seeds']} seeds of each seed's "
+            f"least-squares slope against log2 TP over TP = {', '.join(map(str, t['tps']))}): the interval {where}.")
+
+
 def run_hours(run: str | Path) -> float:
     """A run's compute time in hours: the median step time of its log times its logged steps, so
     that a process paused for a while (or a busy machine) counts as one typical step; evaluation
@@ -227,6 +259,8 @@ def markdown(table: pd.DataFrame, conv: pd.DataFrame, control_rows: list[dict],
             diff = f"{r['diff_mean']:+.4f}{bracket(r['ci_low'], r['ci_high'])}" if r["n_pairs"] else ""
             lines.append(f"| {r['tp']} | {r['config']} - {r['baseline']} | {r['n_pairs']} | {diff} "
                          f"| {verdict_of(r) if diff else ''} |")
+    if slope := trend_sentence(trend(conv)):
+        lines += ["", slope]
     if "cpus" in conv:
         lines += ["", across_cpus(table.to_dict("records") + control_rows)]
     if spent := cost(conv, cores_per_run):

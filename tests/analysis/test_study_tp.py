@@ -86,6 +86,26 @@ def test_the_summary_compares_with_bf16_at_each_tp(runs):
     assert controls[(1, "bf16-alone")]["diff_mean"] == pytest.approx(-0.03, abs=0.005)
 
 
+def test_the_gap_s_trend_against_tp_is_each_seed_s_slope_averaged_over_seeds(runs):
+    """The gap grows by 0.19 nats over three doublings of TP in the fixture: each seed's slope
+    against log2 TP as scipy fits it, their t interval over the seeds, and the sentence says the
+    interval lies above 0; a study of one degree, or of one seed, has no trend."""
+    conv = study.runs(runs, "study_tp")
+    t = study_tp.trend(conv)
+    slopes = []
+    for s in range(5):
+        g = conv[conv.seed == s].pivot_table(index="tp", columns="config", values="final_val_loss").loc[[2, 16]]
+        slopes.append(stats.linregress(np.log2(g.index), g.fp4quant - g.bf16).slope)
+    low, high = stats.t.interval(0.95, 4, loc=np.mean(slopes), scale=stats.sem(slopes))
+    assert t["slope"] == pytest.approx(0.19 / 3, abs=0.002) and t["n_seeds"] == 5 and t["tps"] == [2, 16]
+    assert (t["slope"], t["ci_low"], t["ci_high"]) == pytest.approx((np.mean(slopes), low, high))
+    table = study_tp.summary(conv, 0.05, ["bf16", "fp4quant"])
+    text = study_tp.markdown(table, conv, study_tp.controls(conv, 0.05))
+    assert "per doubling of TP" in text and "over TP = 2, 16): the interval lies above 0." in text, text
+    assert study_tp.trend(conv[conv.tp != 16]) is None and study_tp.trend(conv[conv.seed == 0]) is None
+    assert "doubling" not in study_tp.markdown(study_tp.summary(conv[conv.tp != 16], 0.05), conv[conv.tp != 16], [])
+
+
 def test_a_margin_that_is_not_positive_is_refused(runs):
     with pytest.raises(study.StudyError, match="margin"):
         study_tp.summary(study.runs(runs, "p"), 0.0)
