@@ -287,6 +287,9 @@ class Paper:
         for name in ("fqTPdegree", "fqTPgap", "fqTPseeds"):
             self.number(name, "--")
         self.number("fqTPverdict", "no paired comparison of fp4quant with BF16 yet")
+        for name in ("fqTPtrend", "fqTPtrendDegrees"):
+            self.number(name, "--")
+        self.number("fqHaveTPtrend", "0")  # the prose on the gap against the degree needs two degrees
         if self.src.study_tp is not None:
             t = self.read(self.src.study_tp / "results", "tp_summary")
             conv = self.read(self.src.study_tp / "results", "tp_convergence")
@@ -306,6 +309,10 @@ class Paper:
                 self.number("fqTPseeds", str(int(h.n_pairs)))
                 self.number("fqTPverdict", _tex(str(h.verdict).split(" (the 90")[0])
                             + f" (equivalence margin $\\pm${number(margin, 'g')} nats, declared before the runs)")
+            if slope := study_tp.trend(conv):
+                self.number("fqHaveTPtrend", "1")
+                self.number("fqTPtrend", _range(slope["slope"], slope["ci_low"], slope["ci_high"], "+.4f"))
+                self.number("fqTPtrendDegrees", ", ".join(map(str, slope["tps"])))
             first = conv.iloc[0]
             caption = (f"Convergence at TP = {', '.join(str(x) for x in sorted(set(t.tp)))} (measured, simulated ranks "
                        f"with the numerics of torchrun's; {_tex(hw)}): {_tex(first.model)}, {int(first.steps)} steps, "

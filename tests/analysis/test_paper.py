@@ -181,6 +181,16 @@ def test_the_convergence_table_of_a_tp_study_carries_its_verdicts(tmp_path, caps
     assert got[1][4] == f"{number(fq.diff_mean, '+.3f')} [{number(fq.ci_low, '+.3f')}, {number(fq.ci_high, '+.3f')}]"
     assert build.numbers["fqTPdegree"] == "16" and build.numbers["fqTPverdict"].startswith("within the margin")
     assert build.numbers["fqTPseeds"] == "5" and build.numbers["fqTPgap"] == got[1][4]
+    assert build.numbers["fqHaveTPtrend"] == "0" and build.numbers["fqTPtrend"] == "--"  # one degree: no slope
+    for s in range(5):  # TP = 2 with no gap: the gap grows by 0.01 / 3 a doubling
+        base = 2.0 + 0.02 * s + rng.normal(0, 0.03, size=8)
+        runs += [tp_run(tmp_path / "runs", 2, "bf16", s, base), tp_run(tmp_path / "runs", 2, "fp4quant", s, base)]
+    assert analysis_main(["study-tp", "--profile", "study_tp", "--runs", *map(str, runs), "--margin", "0.05",
+                          "--out-dir", str(tmp_path / "study/results"), "--figure", str(tmp_path / "f.pdf")]) == 0
+    build = paper.Paper(paper.Sources(RUN, None, tmp_path / "study"), tmp_path / "out2")
+    build.convergence_table()
+    assert build.numbers["fqHaveTPtrend"] == "1" and build.numbers["fqTPtrendDegrees"] == "2, 16"
+    assert build.numbers["fqTPtrend"].startswith(number(0.01 / 3, "+.4f") + " ["), build.numbers["fqTPtrend"]
 
 
 def rows_of(tex: str) -> list[list[str]]:
