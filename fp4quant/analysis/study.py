@@ -95,14 +95,20 @@ def paired_difference(values: pd.Series, base: pd.Series, confidence: float = CO
     freedom (NaN bounds for fewer than two pairs)."""
     seeds = sorted(set(values.index) & set(base.index))
     d = np.array([values[s] - base[s] for s in seeds], dtype=float)
+    mean, sd, low, high = mean_interval(d, confidence)
+    return {"n_pairs": len(d), "diff_mean": mean, "diff_sd": sd, "ci_low": low, "ci_high": high}
+
+
+def mean_interval(d: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float, float]:
+    """The mean of independent samples ``d``, their SD and the two-sided ``confidence`` interval of
+    the mean from the t distribution with n - 1 degrees of freedom (NaN where n is too small)."""
     n = len(d)
     if n == 0:
-        return {"n_pairs": 0, "diff_mean": float("nan"), "diff_sd": float("nan"),
-                "ci_low": float("nan"), "ci_high": float("nan")}
-    mean = float(d.mean())
-    sd = float(d.std(ddof=1)) if n > 1 else float("nan")
+        return float("nan"), float("nan"), float("nan"), float("nan")
+    mean = float(np.mean(d))
+    sd = float(np.std(d, ddof=1)) if n > 1 else float("nan")
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)) if n > 1 else float("nan")
-    return {"n_pairs": n, "diff_mean": mean, "diff_sd": sd, "ci_low": mean - half, "ci_high": mean + half}
+    return mean, sd, mean - half, mean + half
 
 
 def batch_paired_se(a: list[float], b: list[float]) -> float:

@@ -35,7 +35,7 @@ from scipy import stats
 
 from . import style
 from .figures import _finish, _order, palette
-from .study import BASELINE, CONFIDENCE, StudyError, batch_paired_se, paired_difference
+from .study import BASELINE, CONFIDENCE, StudyError, batch_paired_se, mean_interval, paired_difference
 
 ALPHA = 0.05  # each one-sided test's level: TOST's interval is the (1 - 2 ALPHA) = 90% one
 CONTROL = "exact"  # float32 on the wire: the control of the float32-vs-BF16 comparison
@@ -148,11 +148,9 @@ def trend(conv: pd.DataFrame, config: str = "fp4quant") -> dict | None:
             slopes.append(float(np.polyfit(np.log2(tps), [mine[t] - base[t] for t in tps], 1)[0]))
     if len(slopes) < 2:
         return None
-    d = np.array(slopes)
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
+    mean, _, low, high = mean_interval(np.array(slopes))
     tps = sorted(set(conv[conv.config == config].tp) & set(conv[conv.config == BASELINE].tp))
-    return {"config": config, "slope": float(d.mean()), "ci_low": float(d.mean()) - half,
-            "ci_high": float(d.mean()) + half, "n_seeds": len(d), "tps": tps}
+    return {"config": config, "slope": mean, "ci_low": low, "ci_high": high, "n_seeds": len(slopes), "tps": tps}
 
 
 def trend_sentence(t: dict | None) -> str:
