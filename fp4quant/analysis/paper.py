@@ -81,6 +81,19 @@ def _range(v: float, low: float, high: float, fmt: str) -> str:
     return f"{number(v, fmt)} [{number(low, fmt)}, {number(high, fmt)}]"
 
 
+CONTROL_WORDS = {(study_tp.CONTROL, study_tp.BASELINE): "float32 on the wire minus BF16 on the wire",
+                 (study_tp.ALONE, study_tp.CONTROL): "BF16's rounding applied without communication minus float32"}
+
+
+def control_sentence(rows: list[dict]) -> str:
+    """The TP study's controls (study_tp.controls) with two or more paired seeds, in words."""
+    said = [f"{CONTROL_WORDS[(r['config'], r['baseline'])]} at TP = {r['tp']} is "
+            f"{_range(r['diff_mean'], r['ci_low'], r['ci_high'], '+.3f')} nats over {int(r['n_pairs'])} seeds, "
+            f"{_tex(str(r['verdict']).split(' (the 90')[0])}"
+            for r in rows if r["n_pairs"] >= 2]
+    return "; ".join(said)
+
+
 def need(df: pd.DataFrame, columns: list[str], what: str) -> None:
     """Refuse a source without a column a table reads (written by an older version, or another file)."""
     missing = [c for c in columns if c not in df]
@@ -290,6 +303,8 @@ class Paper:
         for name in ("fqTPtrend", "fqTPtrendDegrees"):
             self.number(name, "--")
         self.number("fqHaveTPtrend", "0")  # the prose on the gap against the degree needs two degrees
+        self.number("fqHaveTPcontrols", "0")  # the float32-vs-BF16 controls, once two seeds pair up
+        self.number("fqTPcontrols", "--")
         if self.src.study_tp is not None:
             t = self.read(self.src.study_tp / "results", "tp_summary")
             conv = self.read(self.src.study_tp / "results", "tp_convergence")
@@ -313,8 +328,14 @@ class Paper:
                 self.number("fqHaveTPtrend", "1")
                 self.number("fqTPtrend", _range(slope["slope"], slope["ci_low"], slope["ci_high"], "+.4f"))
                 self.number("fqTPtrendDegrees", ", ".join(map(str, slope["tps"])))
+            if said := control_sentence(study_tp.controls(conv, margin)):
+                self.number("fqHaveTPcontrols", "1")
+                self.number("fqTPcontrols", said)
             first = conv.iloc[0]
-            caption = (f"Convergence at TP = {', '.join(str(x) for x in sorted(set(t.tp)))} (measured, simulated ranks "
+            degrees = sorted(set(t[~t.config.isin([study_tp.CONTROL, study_tp.ALONE])].tp))
+            control_note = ("; controls: float32 on the wire (exact) and, at TP = 1, BF16's rounding without "
+                            "communication (bf16-alone)" if t.config.isin([study_tp.CONTROL, study_tp.ALONE]).any() else "")
+            caption = (f"Convergence at TP = {', '.join(map(str, degrees))}{control_note} (measured, simulated ranks "
                        f"with the numerics of torchrun's; {_tex(hw)}): {_tex(first.model)}, {int(first.steps)} steps, "
                        f"{int(first.tokens):,} tokens a run; final validation loss mean $\\pm$ SD over the seeds; "
                        f"difference to BF16 at the same TP paired by seed [95\\% t interval]; against the margin "

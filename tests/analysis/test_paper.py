@@ -193,6 +193,45 @@ def test_the_convergence_table_of_a_tp_study_carries_its_verdicts(tmp_path, caps
     assert build.numbers["fqTPtrend"].startswith(number(0.01 / 3, "+.4f") + " ["), build.numbers["fqTPtrend"]
 
 
+def test_the_tp_studys_controls_are_stated_once_two_seeds_pair_up(tmp_path):
+    """Float32 on the wire against BF16 at TP = 2, and BF16's rounding alone against float32 at
+    TP = 1: a sentence for the paper with each paired difference and its verdict; the table's
+    caption names the controls apart from the TP degrees."""
+    from fp4quant.analysis.__main__ import main as analysis_main
+    from test_study_tp import tp_run
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+
+    def build(seeds, name):
+        runs = []
+        for s in seeds:
+            base = 2.0 + 0.02 * s + rng.normal(0, 0.03, size=8)
+            runs += [tp_run(tmp_path / name, 2, "bf16", s, base),
+                     tp_run(tmp_path / name, 2, "fp4quant", s, base + 0.01 + rng.normal(0, 0.002)),
+                     tp_run(tmp_path / name, 2, "exact", s, base + 0.004 + rng.normal(0, 0.002)),
+                     tp_run(tmp_path / name, 1, "exact", s, base + 0.03),
+                     tp_run(tmp_path / name, 1, "bf16-alone", s, base + 0.03 + rng.normal(0, 0.002))]
+        assert analysis_main(["study-tp", "--profile", "study_tp", "--runs", *map(str, runs), "--margin", "0.05",
+                              "--out-dir", str(tmp_path / name / "study/results"),
+                              "--figure", str(tmp_path / name / "f.pdf")]) == 0
+        built = paper.Paper(paper.Sources(RUN, None, tmp_path / name / "study"), tmp_path / name / "out")
+        return built, built.convergence_table()
+
+    one, _ = build([0], "one")  # one seed: nothing to state yet
+    assert one.numbers["fqHaveTPcontrols"] == "0" and one.numbers["fqTPcontrols"] == "--"
+    five, tex = build(range(5), "five")
+    assert five.numbers["fqHaveTPcontrols"] == "1"
+    said = five.numbers["fqTPcontrols"]
+    assert said.count("; ") == 1, said
+    alone, wire = said.split("; ")  # by TP degree
+    assert wire.startswith("float32 on the wire minus BF16 on the wire at TP = 2 is +0.00"), wire
+    assert wire.endswith("nats over 5 seeds, within the margin"), wire
+    assert alone.startswith("BF16's rounding applied without communication minus float32 at TP = 1 is "), alone
+    assert alone.endswith("nats over 5 seeds, within the margin"), alone
+    assert "Convergence at TP = 2; controls: float32 on the wire (exact)" in tex, tex
+
+
 def rows_of(tex: str) -> list[list[str]]:
     body = tex.split("\\begin{tabular}")[1].split("\\end{tabular}")[0]
     return [[c.strip() for c in x.strip().removesuffix("\\\\").split(" & ")]

@@ -196,7 +196,8 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
     TP 1 (--rounding-alone, no --simulate-tp); `study_tp` needs all of them, or with the
     study_tp_batch1.yaml overlay batch 1's alone, its SQNR from TP = 16's traffic, and with
     study_tp_batch2.yaml batches 1-2, its SQNR from every degree's traffic: each degree's measured
-    by the batch that captures it, then joined (dry runs)."""
+    by the batch that captures it, then joined; with study_tp_batches124.yaml batches 1, 2 and 4,
+    and a batch the study lacks refused (dry runs)."""
     import re
 
     config = REPO / "workflow/config/study_tp.yaml"
@@ -249,6 +250,19 @@ def test_the_tp_study_trains_every_degree_on_simulated_ranks(tmp_path):
                                       for t in (16, 8, 4, 2)), captures
     (parts,) = re.findall(r"--parts (.*?) --out", printed[-1])
     assert sorted(parts.split()) == sorted(f"data/study_tp/bench/reduced_error_tp{t}.csv" for t in (16, 8, 4, 2))
+    # study_tp_batches124.yaml: the complete batches 1, 2 and 4 (the controls), not batch 3's NVFP4 and FP8
+    complete = dry_run("study_tp", str(REPO / "workflow/config/study_tp_batches124.yaml"))
+    assert sorted(out for _, out in complete) == sorted([out for _, out in both]
+                                                        + [f"data/study_tp/tp_runs/small-mha/{c}" for c in controls])
+    # a batch the study does not have is refused in one line, before anything runs
+    unknown = tmp_path / "unknown_batch.yaml"
+    unknown.write_text("study_tp:\n  results_batches: [2, 5]\n")
+    r = subprocess.run([sys.executable, "-m", "snakemake", "study_tp", "--snakefile", str(REPO / "Snakefile"), "-n",
+                        "--cores", "1", "--configfile", str(config), str(unknown)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode != 0
+    assert "config error: study_tp.results_batches names batch 5, but the study has batches 1 .. 4" in r.stderr, r.stderr
 
 
 def test_a_study_keyed_on_the_training_code_refuses_a_tree_git_cannot_read(tmp_path):

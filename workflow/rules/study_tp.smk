@@ -69,16 +69,19 @@ if STUDY_TP:
     TP_BATCHES = [tp_control_runs() if b.get("controls") else tp_runs(b.get("tps", []), b.get("comms", []))
                   for b in STUDY_TP.get("batches") or [{"tps": STUDY_TP["tps"], "comms": TRAIN["comms"]},
                                                        {"controls": True}]]
-    # the runs the results cover: every run, or batches 1 .. results_through_batch (the headline
-    # batch built and frozen while the others gather; workflow/config/study_tp_batch1.yaml)
-    _through = STUDY_TP.get("results_through_batch")
-    if _through is not None and _through > len(TP_BATCHES):
-        raise ValueError(f"study_tp.results_through_batch is {_through}, but the study has {len(TP_BATCHES)} batches")
-    TP_RESULT_RUNS = (TP_ALL_RUNS if _through is None
-                      else list(dict.fromkeys(r for b in TP_BATCHES[:_through] for r in b)))
+    # the runs the results cover: every run, or the batches results_batches names (the first batches,
+    # or those complete, built and frozen while the others gather; workflow/config/study_tp_batch*.yaml)
+    _chosen = STUDY_TP.get("results_batches")
+    if _chosen is not None:
+        _unknown = sorted(set(_chosen) - set(range(1, len(TP_BATCHES) + 1)))
+        if _unknown:
+            raise SystemExit(f"config error: study_tp.results_batches names batch {', '.join(map(str, _unknown))}, "
+                             f"but the study has batches 1 .. {len(TP_BATCHES)}")
+    TP_RESULT_RUNS = (TP_ALL_RUNS if _chosen is None
+                      else list(dict.fromkeys(r for i, b in enumerate(TP_BATCHES, start=1) if i in _chosen for r in b)))
     TP_RESULT_TRAFFIC_RUNS = [r for r in TP_TRAFFIC_RUNS.values() if r in TP_RESULT_RUNS]
     if not TP_RESULT_TRAFFIC_RUNS:
-        raise ValueError(f"study_tp.results_through_batch is {_through}: batches 1 .. {_through} hold no TP degree's "
+        raise SystemExit(f"config error: study_tp.results_batches is {_chosen}: those batches hold no TP degree's "
                          f"bf16 run of seed {min(tp_seeds('bf16'))}, whose traffic the SQNR against TP reduces")
 
     # a batch: its runs, and the SQNR of each degree whose BF16 run of seed 0 it trains (measured in
