@@ -296,7 +296,7 @@ def main(argv=None) -> int:
                    help="a study keyed on the training code (provenance: training_code): its figures and tables in "
                         "its own folder, its runs of one training code over several commits and machines")
     z.add_argument("--partial", action="store_true",
-                   help="with --study: freeze the runs its results name (its first batches) and leave the rest behind")
+                   help="with --study: freeze the runs its results name (the batches they cover) and leave the rest behind")
     w = sub.add_parser("thaw", help="put a frozen study back under data/, where the workflow resumes it")
     w.add_argument("--from", dest="ref", required=True, help="the study's frozen folder, e.g. reference/study-tp")
     w.add_argument("--data", default="data", help="the folder holding <profile>/")

@@ -191,7 +191,7 @@ def convergence_tp(root: Path) -> str:
             f"({_seeds(paired) if paired else 'no paired seeds'}, {first.tokens / 1e3:.0f}k tokens, {first.ranks} "
             f"ranks; margin +-{first.margin:g} declared before the runs); the {top.tp} ranks' summed gradients at "
             f"{top.sqnr_db_median:.1f} dB SQNR, one message's {top.single_sqnr_db_median:.1f} dB"
-            + (" (frozen before the study's later batches)" if partial else ""))
+            + (" (frozen before the rest of the study)" if partial else ""))
 
 
 def _cpu_name(hardware: str) -> str:
@@ -213,7 +213,7 @@ def study_tp_kind(root: Path) -> str:
 
 
 def study_tp_command(root: Path) -> str:
-    """The command its freeze recorded: the whole study's, or its first batches' (an overlay)."""
+    """The command its freeze recorded: the whole study's, or some of its batches' (an overlay)."""
     command = _frozen(root, STUDY_TP_FOLDER, "produced by")
     if command is None:
         raise ValueError(f"{STUDY_TP_FOLDER}/README.md names no command (its '- produced by:' line)")

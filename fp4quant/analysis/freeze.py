@@ -9,7 +9,7 @@ come from one machine, commit and torch (see .origin), whose figures and tables 
 for another profile or are missing, with a training run that is not complete, or with a
 table comparing runs that do not belong together (see .comparable).  A study keyed on the
 training code (``--study``) may be frozen before all its batches are done (``--partial``): the runs
-its results name go in; the finished runs of later batches (with the benchmarks built from them
+its results name go in; the finished runs of the other batches (with the benchmarks built from them
 alone) are carried in <to>/carried.tar.xz, which the results do not read, so that
 ``python -m fp4quant.analysis thaw`` can resume the study on another machine (.thaw); unfinished
 runs stay behind, and the README says how many of each.
@@ -60,7 +60,7 @@ COMPARED_TABLES = {"training.csv": (), "curves.csv": (), "throughput.csv": (), "
 # files are all raw (as runs of path parts: the unit tests' output, the step model's validation
 # with its probes and runs), and the size above which a CSV is kept xz-compressed
 RAW_ARCHIVE = "raw.tar.xz"
-# a partial freeze's finished runs of later batches, whole (summary.json beside the raw logs)
+# a partial freeze's finished runs of the batches its results leave out, whole (summary.json beside the raw logs)
 CARRIED_ARCHIVE = "carried.tar.xz"
 RAW_FOLDERS = (("logs",), ("tests",), ("cluster", "validation"))
 BIG_CSV_BYTES = 64_000
@@ -241,7 +241,7 @@ def left_behind(data: Path) -> tuple[frozenset[Path], frozenset[Path], frozenset
             raise Incomparable(f"{meta}: built from {capture}, of a run the results do not name: rebuild it "
                                "with the results' batches before freezing")
         if sources & finished and sources - finished:
-            raise Incomparable(f"{meta}: built from {sorted(sources & finished)[0]}, of a later batch, and from "
+            raise Incomparable(f"{meta}: built from {sorted(sources & finished)[0]}, of a batch the results leave out, and from "
                                f"{sorted(sources - finished)[0]}, which the results name: rebuild it with the "
                                "results' batches before freezing")
     return finished, left, frozenset(meta for meta, sources in built.items() if sources and sources <= finished)
@@ -278,11 +278,11 @@ def freeze(profile: str, to: str | Path, data: str | Path = "data", figures: str
     ``study``: a study keyed on the training code (``provenance: training_code``), whose figures and
     tables lie in its own folder and whose runs gather over commits and machines: every run must
     have one training code and torch (origin.check_same_training_code), every result one torch.
-    ``partial`` (a study only): freeze the runs its results name, its first batches, and leave the
-    others (unfinished, or of batches the results do not cover yet) behind, as the README says."""
+    ``partial`` (a study only): freeze the runs its results name (the batches they cover) and leave
+    the others (unfinished, or of batches the results do not cover yet) behind, as the README says."""
     src, dest = Path(data) / profile, Path(to)
     if partial and not study:
-        raise ValueError("--partial freezes a study's first batches: give --study too")
+        raise ValueError("--partial freezes the batches a study's results cover: give --study too")
     if not (src / "results").is_dir():
         raise FileNotFoundError(f"{src}/results: no results of profile {profile} to freeze (run the workflow first)")
     if dest.exists() and any(dest.iterdir()):
@@ -353,9 +353,9 @@ def packed_paragraph(packed: dict[str, list[str]]) -> str:
 
 def partial_line(profile: str, dest: Path, named: int, carried: int, left: int) -> str:
     """The README's line on a partial freeze: the runs the results name, those carried, those left."""
-    line = f"- partial: the study's first batches, the {named} runs its results name"
+    line = f"- partial: the {named} runs the study's results name (the batches they cover)"
     if carried:
-        runs = "1 finished run of a later batch is" if carried == 1 else f"{carried} finished runs of later batches are"
+        runs = "1 finished run of another batch is" if carried == 1 else f"{carried} finished runs of other batches are"
         line += (f"; {runs} carried in `{CARRIED_ARCHIVE}`, which the results "
                  f"do not read (`python -m fp4quant.analysis thaw --from {dest}` puts them and this folder's runs back "
                  f"under data/{profile}, where the workflow resumes the study)")

@@ -4,7 +4,7 @@
 
 A study keyed on the training code (``freeze --study``) gathers its runs over sittings, and a
 sitting may end on a machine that keeps nothing: what it trained lives on only as a frozen folder
-(.freeze: the runs its results name, the finished runs of later batches in carried.tar.xz).  Thaw
+(.freeze: the runs its results name, the finished runs of the other batches in carried.tar.xz).  Thaw
 writes that folder's files -- plain ones, the raw logs and the carried runs -- back under
 <data>/<profile>/ as the workflow wrote them (a ``<name>.csv.xz`` as ``<name>.csv``; each newer
 than what it was made from, see ``tier``), so that ``snakemake`` finds those runs done and

@@ -323,8 +323,8 @@ def test_freeze_refuses_study_results_older_than_its_runs(tmp_path, capsys):
 
 
 def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, capsys):
-    """freeze --study --partial: the study's first batches frozen while the others gather; the runs
-    its results name go in, a finished run of a later batch is carried apart (with its job's log),
+    """freeze --study --partial: the batches the results cover frozen while the others gather; the runs
+    its results name go in, a finished run of another batch is carried apart (with its job's log),
     an unfinished run (and its job's log) stays behind, and the README says so.  Without --partial
     the same folder is refused."""
     src = tmp_path / "data" / "study_tp"
@@ -371,7 +371,7 @@ def test_a_partial_freeze_keeps_the_named_runs_and_leaves_the_rest(tmp_path, cap
                        "data/study_tp/tp_runs/tp2/bf16/seed0/log.jsonl",
                        "data/study_tp/tp_runs/tp2/bf16/seed0/summary.json"], carried
     readme = (ref / "README.md").read_text()
-    assert ("- partial: the study's first batches, the 4 runs its results name; 1 finished run of a later batch is "
+    assert ("- partial: the 4 runs the study's results name (the batches they cover); 1 finished run of another batch is "
             "carried in `carried.tar.xz`") in readme, readme
     assert ("; 2 unfinished under data/study_tp (or with captured traffic not yet measured) were left behind"
             in readme), readme
@@ -408,7 +408,7 @@ def test_a_partial_freeze_refuses_what_would_leave_it_stale(tmp_path, capsys):
         {"captures": [f"data/study_tp/tp_runs/tp{tp}/bf16/seed0/traffic" for tp in (16, 2)]}))
     rc, err = freeze("b")
     assert rc == 2 and len(err) == 1 and "tp2/bf16/seed0" in err[0] and "reduced_error" in err[0], err
-    assert "later batch" in err[0], err
+    assert "a batch the results leave out" in err[0], err
     (bench / "reduced_error.csv.meta.json").write_text(json.dumps(
         {"captures": ["data/study_tp/tp_runs/tp16/bf16/seed0/traffic"]}))
     # a benchmark of the later batch's run alone is carried with it, the run's capture measured

@@ -1,5 +1,5 @@
 """thaw puts a partially frozen study back under data/ as the workflow wrote it -- the runs its
-results name, the carried runs of later batches, the raw logs -- and refuses, in one line and
+results name, the carried runs of the other batches, the raw logs -- and refuses, in one line and
 before writing anything, what the workflow would retrain or what would overwrite a file."""
 
 from __future__ import annotations
