@@ -300,11 +300,10 @@ class Paper:
         for name in ("fqTPdegree", "fqTPgap", "fqTPseeds"):
             self.number(name, "--")
         self.number("fqTPverdict", "no paired comparison of fp4quant with BF16 yet")
-        for name in ("fqTPtrend", "fqTPtrendDegrees"):
+        for name in ("fqTPtrend", "fqTPtrendDegrees", "fqTPcontrols"):
             self.number(name, "--")
         self.number("fqHaveTPtrend", "0")  # the prose on the gap against the degree needs two degrees
         self.number("fqHaveTPcontrols", "0")  # the float32-vs-BF16 controls, once two seeds pair up
-        self.number("fqTPcontrols", "--")
         if self.src.study_tp is not None:
             t = self.read(self.src.study_tp / "results", "tp_summary")
             conv = self.read(self.src.study_tp / "results", "tp_convergence")
@@ -332,9 +331,10 @@ class Paper:
                 self.number("fqHaveTPcontrols", "1")
                 self.number("fqTPcontrols", said)
             first = conv.iloc[0]
-            degrees = sorted(set(t[~t.config.isin([study_tp.CONTROL, study_tp.ALONE])].tp))
+            control = t.config.isin([study_tp.CONTROL, study_tp.ALONE])
+            degrees = sorted(set(t[~control].tp))
             control_note = ("; controls: float32 on the wire (exact) and, at TP = 1, BF16's rounding without "
-                            "communication (bf16-alone)" if t.config.isin([study_tp.CONTROL, study_tp.ALONE]).any() else "")
+                            "communication (bf16-alone)" if control.any() else "")
             caption = (f"Convergence at TP = {', '.join(map(str, degrees))}{control_note} (measured, simulated ranks "
                        f"with the numerics of torchrun's; {_tex(hw)}): {_tex(first.model)}, {int(first.steps)} steps, "
                        f"{int(first.tokens):,} tokens a run; final validation loss mean $\\pm$ SD over the seeds; "
