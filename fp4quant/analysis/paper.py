@@ -14,7 +14,8 @@ Sources, each a frozen or fresh result folder of one origin (one commit, machine
   --clusters  the topology projection, --topology its emulated 2 x 2 all-reduce
 Each table says of each number whether it was measured, emulated or projected and on what;
 numbers.tex defines one macro per number the prose quotes (tests/analysis/test_paper.py reads
-the tables back against the CSVs).
+the tables back against the CSVs).  Table 3 is built in paper_convergence, the sources' reading and
+checks in paper_sources.
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ from __future__ import annotations
 import math
 import shutil
 import subprocess
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
 from ..provenance import atomic_write_text
-from . import figures, study_tp, tradeoff
-from .study import paired_difference
+from . import figures, paper_convergence, study_tp, tradeoff
+from .paper_convergence import paired
+from .paper_sources import PaperError, Sources, need, origin, read, with_range
 from .tables import _tex, formats, mean_sd, number, table_float, tabular
 
 PAPER_TEX = Path(__file__).resolve().parents[2] / "paper" / "main.tex"
@@ -42,65 +43,6 @@ RESULTS_READ = ("error", "kernels", "throughput", "training", "collectives", "co
                 "projection", "projection_sensitivity", "model_validation", "regime", "ablation")
 CLUSTERS = {"PCIe": "PCIe", "DGX": "DGX", "2 x 200G": "TwoNIC", "1 x 200G": "OneNIC"}  # macro names, first match
 ALGORITHMS = {"flat_fp4": "flat FP4", "hierarchical_bf16": "hier. BF16", "hierarchical_fp4": "hier. FP4"}
-
-
-class PaperError(ValueError):
-    """A source that is missing, mixed or lacks what a table needs."""
-
-
-@dataclass(frozen=True)
-class Sources:
-    results: Path
-    study: Path | None = None
-    study_tp: Path | None = None
-    clusters: Path | None = None
-    topology: Path | None = None
-
-
-def read(folder: Path, name: str) -> pd.DataFrame:
-    """``name``.csv of ``folder``, or its xz-compressed frozen copy."""
-    for path in (folder / f"{name}.csv", folder / f"{name}.csv.xz"):
-        if path.exists():
-            return pd.read_csv(path)
-    raise PaperError(f"{folder}: no {name}.csv (nor .csv.xz)")
-
-
-def origin(df: pd.DataFrame, what: str) -> str:
-    """The hardware of a source's rows (several machines joined by "; "), refusing rows of two commits
-    or torches."""
-    for key in ("commit", "torch"):
-        if key in df and df[key].nunique() > 1:
-            raise PaperError(f"{what} mixes {key}s: {', '.join(sorted(df[key].astype(str).unique()))}")
-    return "; ".join(sorted(df.hardware.astype(str).unique())) if "hardware" in df else "unknown hardware"
-
-
-def _range(v: float, low: float, high: float, fmt: str) -> str:
-    """v [low, high]; v alone where the range is undefined (one seed)."""
-    if pd.isna(low) or pd.isna(high):
-        return number(v, fmt)
-    return f"{number(v, fmt)} [{number(low, fmt)}, {number(high, fmt)}]"
-
-
-CONTROL_WORDS = {(study_tp.CONTROL, study_tp.BASELINE): "float32 on the wire minus BF16 on the wire",
-                 (study_tp.ALONE, study_tp.CONTROL): "BF16's rounding applied without communication minus float32"}
-
-
-def control_sentence(rows: list[dict]) -> str:
-    """The TP study's controls (study_tp.controls) with two or more paired seeds, in words."""
-    said = [f"{CONTROL_WORDS[(r['config'], r['baseline'])]} at TP = {r['tp']} is "
-            f"{_range(r['diff_mean'], r['ci_low'], r['ci_high'], '+.3f')} nats over {int(r['n_pairs'])} seeds, "
-            f"{_tex(str(r['verdict']).split(' (the 90')[0])}"
-            for r in rows if r["n_pairs"] >= 2]
-    return "; ".join(said)
-
-
-def need(df: pd.DataFrame, columns: list[str], what: str) -> None:
-    """Refuse a source without a column a table reads (written by an older version, or another file)."""
-    missing = [c for c in columns if c not in df]
-    if missing:
-        raise PaperError(f"{what} has no column {', '.join(missing)}: not the file the table reads, or written by "
-                         "an older version")
-
 
 _float = partial(table_float, generator=__name__)  # a table float that names this module
 
@@ -148,7 +90,7 @@ class Paper:
                 if missing:
                     raise PaperError(f"{self.src.clusters}: {cluster} at TP {tp} has no {', '.join(missing)} row")
                 mib = lambda a: number(g.loc[a, "inter_node_bytes_per_node"] / 2**20, ".1f")  # noqa: E731
-                cells = [_range(g.loc[a, "speedup"], g.loc[a, "speedup_low"], g.loc[a, "speedup_high"], ".2f")
+                cells = [with_range(g.loc[a, "speedup"], g.loc[a, "speedup_low"], g.loc[a, "speedup_high"], ".2f")
                          for a in ALGORITHMS]
                 rows.append([_tex(cluster), str(tp), mib("nccl_bf16"), mib("flat_fp4"), mib("hierarchical_fp4"), *cells])
                 h = g.loc["hierarchical_fp4"]
@@ -188,9 +130,9 @@ class Paper:
             base = t.loc["none/uncompressed"]
             for name, label in series.items():
                 r = t.loc[name]
-                rows.append([f"all-reduce {mib} MiB, 2 x 2 ranks: {label}", _range(r.latency_s, r.latency_min_s,
+                rows.append([f"all-reduce {mib} MiB, 2 x 2 ranks: {label}", with_range(r.latency_s, r.latency_min_s,
                                                                                     r.latency_max_s, ".2f") + " s",
-                             _range(base.latency_s / r.latency_s, base.latency_s / r.latency_max_s,
+                             with_range(base.latency_s / r.latency_s, base.latency_s / r.latency_max_s,
                                     base.latency_s / r.latency_min_s, ".2f"), str(int(r.iters))])
             self.number("fqTwoByTwoMiB", mib)
             self.number("fqEmuHierSpeedup", number(base.latency_s / t.loc["fp4quant/hierarchical"].latency_s, ".2f"))
@@ -252,7 +194,7 @@ class Paper:
         f = q.loc["fp4quant"]
         aa = False  # a row whose kernel change is an A/A control
         rows = [["fp4quant (all three)", *[number(err["fp4quant", kd], ".2f") for kd in kinds],
-                 _range(f.gbps, f.gbps_min, f.gbps_max, ".2f"), "--", ""]]
+                 with_range(f.gbps, f.gbps_min, f.gbps_max, ".2f"), "--", ""]]
         for name, what in ABLATIONS.items():
             a = q.loc[name]
             key = "fqAbl" + "".join(w.title() for w in name.split("_"))  # fqAblNoFwht, fqAblSingleScale, ...
@@ -277,7 +219,7 @@ class Paper:
                             "the CUDA kernels, which differ, are not measured here" if same else
                             "the CUDA kernels store the codes with and without warp cooperation")
             elif conv is not None and name in set(conv.config) and (d := paired(conv, name, "fp4quant"))["n"]:
-                train, seeds = _range(d["mean"], d["low"], d["high"], "+.3f"), str(d["n"])
+                train, seeds = with_range(d["mean"], d["low"], d["high"], "+.3f"), str(d["n"])
                 self.number(f"{key}Loss", number(d["mean"], "+.3f"))
             else:
                 train, seeds = "not run", "0"
@@ -295,81 +237,9 @@ class Paper:
             ["ablation", "SQNR outliers", "SQNR small grad.", "quantize GB/s (change)", "val. loss $-$ fp4quant", "seeds"],
             rows))
 
-    # ---- table 3: convergence ----------------------------------------------------------
+    # ---- table 3: convergence (paper_convergence) ---------------------------------------
     def convergence_table(self) -> str:
-        for name in ("fqTPdegree", "fqTPgap", "fqTPseeds"):
-            self.number(name, "--")
-        self.number("fqTPverdict", "no paired comparison of fp4quant with BF16 yet")
-        for name in ("fqTPtrend", "fqTPtrendDegrees", "fqTPcontrols"):
-            self.number(name, "--")
-        self.number("fqHaveTPtrend", "0")  # the prose on the gap against the degree needs two degrees
-        self.number("fqHaveTPcontrols", "0")  # the float32-vs-BF16 controls, once two seeds pair up
-        if self.src.study_tp is not None:
-            t = self.read(self.src.study_tp / "results", "tp_summary")
-            conv = self.read(self.src.study_tp / "results", "tp_convergence")
-            hw = origin(conv.drop(columns=["commit"]), "the TP study")  # its runs span commits of one training code
-            rows = []
-            for r in t.itertuples():
-                diff = "" if pd.isna(getattr(r, "diff_mean", math.nan)) else _range(r.diff_mean, r.ci_low, r.ci_high, "+.3f")
-                rows.append([str(r.tp), _tex(r.config), str(r.n), f"{number(r.val_loss_mean, '.4f')} $\\pm$ "
-                             f"{number(r.val_loss_sd, '.4f') if not pd.isna(r.val_loss_sd) else '--'}", diff,
-                             _tex(str(getattr(r, "verdict", "")) if diff else "").split(" (the 90")[0]])
-            margin = float(t.margin.iloc[0])
-            head = t[(t.config == "fp4quant") & t.diff_mean.notna()].sort_values("tp").iloc[-1:] if "diff_mean" in t else t[:0]
-            if len(head):
-                h = head.iloc[0]
-                self.number("fqTPdegree", str(h.tp))
-                self.number("fqTPgap", _range(h.diff_mean, h.ci_low, h.ci_high, "+.3f"))
-                self.number("fqTPseeds", str(int(h.n_pairs)))
-                self.number("fqTPverdict", _tex(str(h.verdict).split(" (the 90")[0])
-                            + f" (equivalence margin $\\pm${number(margin, 'g')} nats, declared before the runs)")
-            if slope := study_tp.trend(conv):
-                self.number("fqHaveTPtrend", "1")
-                self.number("fqTPtrend", _range(slope["slope"], slope["ci_low"], slope["ci_high"], "+.4f"))
-                self.number("fqTPtrendDegrees", ", ".join(map(str, slope["tps"])))
-            if said := control_sentence(study_tp.controls(conv, margin)):
-                self.number("fqHaveTPcontrols", "1")
-                self.number("fqTPcontrols", said)
-            first = conv.iloc[0]
-            control = t.config.isin([study_tp.CONTROL, study_tp.ALONE])
-            degrees = sorted(set(t[~control].tp))
-            control_note = ("; controls: float32 on the wire (exact) and, at TP = 1, BF16's rounding without "
-                            "communication (bf16-alone)" if control.any() else "")
-            caption = (f"Convergence at TP = {', '.join(map(str, degrees))}{control_note} (measured, simulated ranks "
-                       f"with the numerics of torchrun's; {_tex(hw)}): {_tex(first.model)}, {int(first.steps)} steps, "
-                       f"{int(first.tokens):,} tokens a run; final validation loss mean $\\pm$ SD over the seeds; "
-                       f"difference to BF16 at the same TP paired by seed [95\\% t interval]; against the margin "
-                       f"$\\pm${number(margin, 'g')} nats declared before the runs: within it where both one-sided "
-                       "tests reject at 5\\% (the 90\\% interval inside it), outside it where the whole 95\\% "
-                       "interval lies beyond it, else not resolved.")
-            return _float(caption, "tab:convergence", tabular(
-                ["TP", "wire", "n", "val. loss", "$-$ BF16", "verdict"], rows, "llrrrl"))
-        if self.src.study is not None:
-            conv = self.read(self.src.study / "results", "convergence")
-            what = "the TP = 2 convergence study"
-        else:  # the run's own training runs
-            conv = figures.with_series(self.read(self.src.results, "training")).rename(
-                columns={"series": "config", "val_loss": "final_val_loss"})
-            what = "the run's training"
-        hw = origin(conv, what)
-        rows = []
-        for config in figures._order(conv.config):
-            g = conv[conv.config == config]
-            d = paired(conv, config, "bf16") if config != "bf16" else None
-            rows.append([_tex(config), str(len(g)), mean_sd(g.final_val_loss, ".4f"),
-                         "" if d is None or d["n"] == 0 else _range(d["mean"], d["low"], d["high"], "+.3f")])
-        d = paired(conv, "fp4quant", "bf16")
-        if d["n"] == 0:
-            raise PaperError(f"{what}: no seed has both a bf16 and an fp4quant run")
-        self.number("fqTPdegree", str(int(conv.tp.iloc[0])) if "tp" in conv else "2")
-        self.number("fqTPgap", _range(d["mean"], d["low"], d["high"], "+.3f"))
-        self.number("fqTPseeds", str(d["n"]))
-        self.number("fqTPverdict", "no equivalence test (no margin was declared for these runs)")
-        first = conv.iloc[0]
-        caption = (f"Convergence at TP = {int(first.tp) if 'tp' in conv else 2} only, {what} (measured, gloo ranks; "
-                   f"{_tex(hw)}); no TP-degree study was given. {int(first.steps)} steps; final validation loss mean "
-                   "$\\pm$ SD over the seeds; difference to BF16 paired by seed [95\\% t interval].")
-        return _float(caption, "tab:convergence", tabular(["wire", "n", "val. loss", "$-$ BF16"], rows))
+        return paper_convergence.table(self)
 
     # ---- figures -----------------------------------------------------------------------
     def figures(self) -> list[str]:
@@ -492,11 +362,3 @@ class Paper:
         if done.returncode != 0:
             raise PaperError(f"latexmk failed on {self.out / 'main.tex'} (exit {done.returncode}): see {log}")
         return self.out / "main.pdf"
-
-
-def paired(conv: pd.DataFrame, config: str, base: str) -> dict:
-    """config - base final validation loss over the seeds both ran: n, mean and 95% t interval
-    (study.paired_difference)."""
-    loss = lambda c: conv[conv.config == c].set_index("seed").final_val_loss  # noqa: E731
-    d = paired_difference(loss(config), loss(base))
-    return {"n": d["n_pairs"], "mean": d["diff_mean"], "low": d["ci_low"], "high": d["ci_high"]}
