@@ -174,7 +174,7 @@ def convergence_tp(root: Path) -> str:
         raise ValueError(f"{STUDY_TP}/results/tp_summary.csv has no fp4quant row: nothing to claim")
 
     def gap(r) -> str:
-        verdict = str(r.verdict).split(" (the 90")[0]
+        verdict = study_tp.short_verdict(r.verdict)
         if pd.isna(r.diff_mean):
             return f"TP = {r.tp}: no paired seeds yet"
         return f"TP = {r.tp}: {r.diff_mean:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], {verdict}"

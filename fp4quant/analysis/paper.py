@@ -30,8 +30,7 @@ import pandas as pd
 
 from ..provenance import atomic_write_text
 from . import figures, paper_convergence, study_tp, tradeoff
-from .paper_convergence import paired
-from .paper_sources import PaperError, Sources, need, origin, read, with_range
+from .paper_sources import PaperError, Sources, need, origin, paired, read, with_range
 from .tables import _tex, formats, mean_sd, number, table_float, tabular
 
 PAPER_TEX = Path(__file__).resolve().parents[2] / "paper" / "main.tex"

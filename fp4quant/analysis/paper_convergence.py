@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from . import figures, study_tp
-from .paper_sources import PaperError, origin, with_range
-from .study import paired_difference
+from .paper_sources import PaperError, origin, paired, with_range
 from .tables import _tex, mean_sd, number, table_float, tabular
 
 if TYPE_CHECKING:
@@ -28,7 +27,7 @@ def control_sentence(rows: list[dict]) -> str:
     """The TP study's controls (study_tp.controls) with two or more paired seeds, in words."""
     said = [f"{CONTROL_WORDS[(r['config'], r['baseline'])]} at TP = {r['tp']} is "
             f"{with_range(r['diff_mean'], r['ci_low'], r['ci_high'], '+.3f')} nats over {int(r['n_pairs'])} seeds, "
-            f"{_tex(str(r['verdict']).split(' (the 90')[0])}"
+            f"{_tex(study_tp.short_verdict(r['verdict']))}"
             for r in rows if r["n_pairs"] >= 2]
     return "; ".join(said)
 
@@ -51,7 +50,7 @@ def table(paper: Paper) -> str:
             diff = "" if pd.isna(getattr(r, "diff_mean", math.nan)) else with_range(r.diff_mean, r.ci_low, r.ci_high, "+.3f")
             rows.append([str(r.tp), _tex(r.config), str(r.n), f"{number(r.val_loss_mean, '.4f')} $\\pm$ "
                          f"{number(r.val_loss_sd, '.4f') if not pd.isna(r.val_loss_sd) else '--'}", diff,
-                         _tex(str(getattr(r, "verdict", "")) if diff else "").split(" (the 90")[0]])
+                         _tex(study_tp.short_verdict(getattr(r, "verdict", "")) if diff else "")])
         margin = float(t.margin.iloc[0])
         head = t[(t.config == "fp4quant") & t.diff_mean.notna()].sort_values("tp").iloc[-1:] if "diff_mean" in t else t[:0]
         if len(head):
@@ -59,7 +58,7 @@ def table(paper: Paper) -> str:
             paper.number("fqTPdegree", str(h.tp))
             paper.number("fqTPgap", with_range(h.diff_mean, h.ci_low, h.ci_high, "+.3f"))
             paper.number("fqTPseeds", str(int(h.n_pairs)))
-            paper.number("fqTPverdict", _tex(str(h.verdict).split(" (the 90")[0])
+            paper.number("fqTPverdict", _tex(study_tp.short_verdict(h.verdict))
                         + f" (equivalence margin $\\pm${number(margin, 'g')} nats, declared before the runs)")
         if slope := study_tp.trend(conv):
             paper.number("fqHaveTPtrend", "1")
@@ -108,11 +107,3 @@ def table(paper: Paper) -> str:
                f"{_tex(hw)}); no TP-degree study was given. {int(first.steps)} steps; final validation loss mean "
                "$\\pm$ SD over the seeds; difference to BF16 paired by seed [95\\% t interval].")
     return _float(caption, "tab:convergence", tabular(["wire", "n", "val. loss", "$-$ BF16"], rows))
-
-
-def paired(conv: pd.DataFrame, config: str, base: str) -> dict:
-    """config - base final validation loss over the seeds both ran: n, mean and 95% t interval
-    (study.paired_difference)."""
-    loss = lambda c: conv[conv.config == c].set_index("seed").final_val_loss  # noqa: E731
-    d = paired_difference(loss(config), loss(base))
-    return {"n": d["n_pairs"], "mean": d["diff_mean"], "low": d["ci_low"], "high": d["ci_high"]}

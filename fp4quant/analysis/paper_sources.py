@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .study import paired_difference
 from .tables import number
 
 
@@ -54,3 +55,11 @@ def need(df: pd.DataFrame, columns: list[str], what: str) -> None:
     if missing:
         raise PaperError(f"{what} has no column {', '.join(missing)}: not the file the table reads, or written by "
                          "an older version")
+
+
+def paired(conv: pd.DataFrame, config: str, base: str) -> dict:
+    """config - base final validation loss over the seeds both ran: n, mean and 95% t interval
+    (study.paired_difference)."""
+    loss = lambda c: conv[conv.config == c].set_index("seed").final_val_loss  # noqa: E731
+    d = paired_difference(loss(config), loss(base))
+    return {"n": d["n_pairs"], "mean": d["diff_mean"], "low": d["ci_low"], "high": d["ci_high"]}
