@@ -72,10 +72,10 @@ def verdict(row: dict, margin: float) -> str:
     return f"not resolved, by {past:.3f} nats (the 90% interval reaches {row['ci90_low']:+.3f} .. {row['ci90_high']:+.3f})"
 
 
-
 def short_verdict(text: str) -> str:
     """A verdict without its interval detail (" (the 90% interval reaches ..)"), as the tables quote it."""
     return str(text).split(" (the 90")[0]
+
 
 def compare(conv: pd.DataFrame, config: str, baseline: str, tp: int, margin: float) -> dict:
     """``config`` against ``baseline`` at TP ``tp``, paired by seed."""
